@@ -1,0 +1,342 @@
+"""The NetSenseJob: its schema (the one source of truth) and loading.
+
+Importable without torch or a cluster: the CLI, the CRD generator, the operator
+and the local runner all validate through :func:`parse_job`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from netsense import units
+from netsense.spec.schema import (
+    MISSING,
+    Bool,
+    Errors,
+    F,
+    Float,
+    Free,
+    Int,
+    Issue,
+    ListOf,
+    Obj,
+    Str,
+    Union,
+    Unit,
+)
+
+GROUP = "netsense.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "NetSenseJob"
+PLURAL = "netsensejobs"
+SHORT_NAME = "nsj"
+DEFAULT_IMAGE = "netsense/worker:0.1.0"
+
+MODELS = ("resnet18", "vgg16", "mlp", "cnn")
+DATASETS = ("cifar10", "cifar100", "digits", "synthetic")
+METHODS = ("allreduce", "fp16", "powersgd", "topk", "netsense", "overlap", "ours")
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+# ---- bandwidth profiles ------------------------------------------------------------
+
+def _impairments() -> dict[str, F]:
+    """delay/jitter/loss: netem, available only where the kernel has it."""
+    return {
+        "delay": F(Unit("duration", doc="added one-way delay (netem), e.g. 5ms")),
+        "jitter": F(Unit("duration", doc="delay variation (netem), e.g. 1ms")),
+        "loss": F(Unit("percent", doc="random loss (netem), e.g. 0.1%")),
+    }
+
+
+def _check_steps(p: dict, path: str, errors: Errors) -> None:
+    listed = "steps" in p
+    generated = [k for k in ("from", "to", "by", "every") if k in p]
+    if listed == bool(generated):
+        errors.add(path, "give either 'steps' (a list of {at, rate}) or all of from/to/by/every")
+        return
+    if generated and len(generated) != 4:
+        missing = sorted({"from", "to", "by", "every"} - set(generated))
+        errors.add(path, f"the generator form needs from, to, by and every (missing: {', '.join(missing)})")
+        return
+    if listed:
+        ats = [units.parse_duration(s["at"]) for s in p["steps"]]
+        if ats[0] != 0:
+            errors.add(f"{path}.steps[0].at", "the first step must be at 0s (training never starts unshaped)")
+        for i in range(1, len(ats)):
+            if ats[i] <= ats[i - 1]:
+                errors.add(f"{path}.steps[{i}].at", "steps must be in strictly increasing time order")
+    elif units.parse_duration(p["every"]) <= 0:
+        errors.add(f"{path}.every", "must be longer than 0s")
+
+
+def _check_fluctuating(p: dict, path: str, errors: Errors) -> None:
+    if units.parse_rate(p["min"]) > units.parse_rate(p["max"]):
+        errors.add(f"{path}.min", f"must not exceed max ({p['max']})")
+    if units.parse_duration(p["period"]) <= 0:
+        errors.add(f"{path}.period", "must be longer than 0s")
+
+
+def _check_trace(p: dict, path: str, errors: Errors) -> None:
+    if ("file" in p) == ("points" in p):
+        errors.add(path, "give either 'file' (a CSV/YAML of t,rate) or inline 'points'")
+    elif "points" in p:
+        _check_steps({"steps": p["points"]}, path.rstrip("."), errors)
+
+
+_STEP = Obj({"at": F(Unit("duration"), required=True), "rate": F(Unit("rate"), required=True)})
+
+PROFILE = Union("type", {
+    "static": Obj({"rate": F(Unit("rate", doc="e.g. 200Mbit"), required=True), **_impairments()}),
+    "steps": Obj({
+        "steps": F(ListOf(_STEP, min_items=1, doc="explicit (at, rate) list")),
+        "from": F(Unit("rate", doc="generator: first rate")),
+        "to": F(Unit("rate", doc="generator: last rate")),
+        "by": F(Unit("rate", doc="generator: change per step")),
+        "every": F(Unit("duration", doc="generator: time between steps")),
+        **_impairments(),
+    }, checks=[_check_steps], cel=[
+        {"rule": "has(self.steps) != (has(self.from) && has(self.to) && has(self.by) && has(self.every))",
+         "message": "give either steps or all of from/to/by/every"}]),
+    "fluctuating": Obj({
+        "min": F(Unit("rate"), required=True),
+        "max": F(Unit("rate"), required=True),
+        "period": F(Unit("duration", doc="time between changes (random) or cycle length (sine)"), default="30s"),
+        "seed": F(Int(min=0), default=0),
+        "shape": F(Str(enum=("random", "sine")), default="random"),
+        **_impairments(),
+    }, checks=[_check_fluctuating]),
+    "trace": Obj({
+        "file": F(Str(doc="CSV (t,rate) or YAML list of {at, rate}; local runs only")),
+        "points": F(ListOf(_STEP, min_items=1, doc="inline trace")),
+        "loop": F(Bool(), default=False),
+        **_impairments(),
+    }, checks=[_check_trace], cel=[
+        {"rule": "has(self.file) != has(self.points)", "message": "give either file or points"}]),
+}, doc="bandwidth over time: static, steps, fluctuating or trace")
+
+
+# ---- the job -----------------------------------------------------------------------
+
+def _check_training(t: dict, path: str, errors: Errors) -> None:
+    if not any(k in t for k in ("epochs", "maxSteps", "maxSeconds")):
+        t["epochs"] = 1
+    if "maxSeconds" in t and units.parse_duration(t["maxSeconds"]) <= 0:
+        errors.add(f"{path}.maxSeconds", "must be longer than 0s")
+
+
+def _check_compression(c: dict, path: str, errors: Errors) -> None:
+    if not c["minRatio"] <= c["initialRatio"] <= c["maxRatio"]:
+        errors.add(f"{path}.initialRatio", "must lie between minRatio and maxRatio")
+
+
+TRAINING = Obj({
+    "model": F(Str(enum=MODELS), default="resnet18"),
+    "dataset": F(Str(enum=DATASETS), default="synthetic"),
+    "dataPath": F(Str(doc="directory in torchvision's CIFAR format (cifar10/cifar100)"), default="/data"),
+    "batchSize": F(Int(min=1, doc="per worker"), default=32),
+    "epochs": F(Int(min=1)),
+    "maxSteps": F(Int(min=1)),
+    "maxSeconds": F(Unit("duration", doc="wall budget for training")),
+    "optimizer": F(Str(enum=("sgd", "adam")), default="sgd"),
+    "lr": F(Float(min=0, exclusive_min=True), default=0.05),
+    "momentum": F(Float(min=0, max=1), default=0.9),
+    "weightDecay": F(Float(min=0), default=5e-4),
+    "seed": F(Int(min=0), default=0),
+    "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True)),
+    "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached"), default=True),
+    "evalEvery": F(Int(min=1, doc="evaluate every N steps (default: every epoch)")),
+    "evalSamples": F(Int(min=1), default=2000),
+    "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),
+    "backend": F(Str(enum=("auto", "gloo", "nccl")), default="auto"),
+    "hiddenSize": F(Int(min=1, doc="width of the mlp/cnn models"), default=512),
+    "syntheticSamples": F(Int(min=1), default=4096),
+    "syntheticClasses": F(Int(min=2), default=10),
+}, checks=[_check_training])
+
+COMPRESSION = Obj({
+    "method": F(Str(enum=METHODS), default="allreduce"),
+    "density": F(Float(min=0, max=1, exclusive_min=True, doc="topk: fraction of elements sent"), default=0.1),
+    "errorFeedback": F(Bool(), default=True),
+    "warmupSteps": F(Int(min=0, doc="dense steps before compressing"), default=0),
+    "rank": F(Int(min=1, doc="powersgd: matrix approximation rank"), default=1),
+    "startIter": F(Int(min=2, doc="powersgd: vanilla allreduce until this step"), default=10),
+    "alpha": F(Float(min=0, max=1, exclusive_min=True, doc="netsense: multiplicative decrease"), default=0.5),
+    "beta": F(Float(min=0, exclusive_min=True, doc="netsense: additive increase"), default=0.01),
+    "bdpFraction": F(Float(min=0, exclusive_min=True, doc="netsense: decrease when payload > this x BDP"), default=0.9),
+    "initialRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.01),
+    "minRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.001),
+    "maxRatio": F(Float(min=0, max=1, exclusive_min=True), default=1.0),
+    "startup": F(Bool(doc="netsense: double the ratio until the first decrease"), default=True),
+    "window": F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10),
+    "quantize": F(Bool(doc="netsense: fp16 gate"), default=True),
+    "trq": F(Float(min=0, max=1, doc="netsense: quantize when ratio < trq"), default=0.1),
+    "trd": F(Float(min=0, doc="netsense: ... and gradient L2 norm > trd"), default=1e-3),
+    "pruneFactor": F(Float(min=0, max=1, doc="netsense: prune at pruneFactor*(1-ratio)"), default=0.5),
+    "commBudget": F(Float(min=0, exclusive_min=True, doc="overlap: comm time allowed per unit of compute time"), default=0.3),
+    "probeEvery": F(Int(min=2, doc="overlap: steps between bandwidth probes"), default=8),
+    "probeGain": F(Float(min=1, exclusive_min=True, doc="overlap: payload gain while probing"), default=1.25),
+}, checks=[_check_compression])
+
+NETWORK = Obj({
+    "profile": F(PROFILE),
+    "direction": F(Str(enum=("egress", "both")), default="egress"),
+    "interface": F(Str(doc="interface the sidecar shapes"), default="eth0"),
+})
+
+RUN_POLICY = Obj({
+    "backoffLimit": F(Int(min=0), default=2),
+    "activeDeadlineSeconds": F(Int(min=1)),
+    "ttlSecondsAfterFinished": F(Int(min=0)),
+})
+
+SPEC = Obj({
+    "workers": F(Int(min=1, max=512), default=2),
+    "image": F(Str(), default=DEFAULT_IMAGE),
+    "imagePullPolicy": F(Str(enum=("Always", "IfNotPresent", "Never")), default="IfNotPresent"),
+    "resources": F(Free(doc="Kubernetes resource requirements of the trainer container")),
+    "training": F(TRAINING, default=dict),
+    "compression": F(COMPRESSION, default=dict),
+    "network": F(NETWORK, default=dict),
+    "runPolicy": F(RUN_POLICY, default=dict),
+})
+
+METADATA = Obj({
+    "name": F(Str(pattern=DNS_LABEL, max_length=50,
+                  pattern_hint="lower-case letters, digits and '-', starting and ending alphanumeric"),
+              required=True),
+    "namespace": F(Str()),
+    # Fields the API server adds; accepted and ignored so `kubectl get -o yaml` output validates.
+    **{k: F(Free()) for k in ("labels", "annotations")},
+    **{k: F(Str()) for k in ("uid", "resourceVersion", "creationTimestamp")},
+    "generation": F(Int()),
+    "managedFields": F(ListOf()),
+    "finalizers": F(ListOf(Str())),
+})
+
+
+class SpecError(ValueError):
+    """Every problem found in a job, each with its field path."""
+
+    def __init__(self, issues: list[Issue]):
+        self.issues = list(issues)
+        super().__init__("; ".join(str(i) for i in self.issues))
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    spec: dict  # normalized, defaults filled, camelCase as in YAML
+
+    @property
+    def workers(self) -> int:
+        return self.spec["workers"]
+
+    @property
+    def training(self) -> dict:
+        return self.spec["training"]
+
+    @property
+    def compression(self) -> dict:
+        return self.spec["compression"]
+
+    @property
+    def network(self) -> dict:
+        return self.spec["network"]
+
+    @property
+    def run_policy(self) -> dict:
+        return self.spec["runPolicy"]
+
+    def manifest(self) -> dict:
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.name}, "spec": self.spec}
+
+
+def parse_spec(spec: Any, name: str = "job") -> Job:
+    """Validate a bare ``spec`` mapping (what the operator receives)."""
+    errors = Errors()
+    parsed = SPEC.parse(spec, "spec", errors)
+    if errors:
+        raise SpecError(errors)
+    return Job(name=name, spec=parsed)
+
+
+def parse_job(doc: Any) -> Job:
+    """Validate a whole NetSenseJob document; raises SpecError listing every problem."""
+    errors = Errors()
+    if not isinstance(doc, dict):
+        raise SpecError([Issue("(top)", f"a NetSenseJob is a YAML mapping (got {type(doc).__name__})")])
+    if doc.get("apiVersion") != API_VERSION:
+        errors.add("apiVersion", f"must be {API_VERSION} (got {doc.get('apiVersion')!r})")
+    if doc.get("kind") != KIND:
+        errors.add("kind", f"must be {KIND} (got {doc.get('kind')!r})")
+    for key in doc:
+        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+            errors.add(key, "unknown top-level field")
+    meta = METADATA.parse(doc.get("metadata", MISSING) if "metadata" in doc else {}, "metadata", errors)
+    spec = SPEC.parse(doc.get("spec"), "spec", errors) if "spec" in doc else errors.add("spec", "required field is missing")
+    if errors:
+        raise SpecError(errors)
+    return Job(name=meta["name"], spec=spec)
+
+
+def load_job(path: str) -> Job:
+    """Read and validate a job file; trace files are resolved relative to it and inlined."""
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as e:
+        raise SpecError([Issue(path, f"cannot read the job file: {e.strerror}")]) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecError([Issue(path, f"not valid YAML{where}: {getattr(e, 'problem', e)}")]) from None
+    job = parse_job(doc)
+    profile = job.network.get("profile")
+    if profile and profile["type"] == "trace" and "file" in profile:
+        trace_path = os.path.join(os.path.dirname(os.path.abspath(path)), profile["file"])
+        profile["points"] = read_trace(trace_path, "spec.network.profile.file")
+        del profile["file"]
+        job = parse_job(job.manifest())  # re-validate the inlined points
+    return job
+
+
+def read_trace(path: str, field_path: str) -> list[dict]:
+    """A recorded trace: CSV with columns t,rate (t in seconds or '30s') or a YAML list."""
+    if not os.path.exists(path):
+        raise SpecError([Issue(field_path, f"trace file {path} does not exist")])
+    with open(path) as fh:
+        if path.endswith((".yaml", ".yml")):
+            points = yaml.safe_load(fh)
+            if not isinstance(points, list):
+                raise SpecError([Issue(field_path, f"{path}: a YAML trace is a list of {{at, rate}}")])
+            return points
+        rows = [r for r in csv.reader(fh) if r and not r[0].startswith("#")]
+    if rows and not _is_number(rows[0][0].rstrip("smh")):
+        rows = rows[1:]  # header
+    try:
+        return [{"at": float(r[0]) if _is_number(r[0]) else r[0], "rate": r[1].strip()} for r in rows]
+    except IndexError:
+        raise SpecError([Issue(field_path, f"{path}: each CSV row needs t,rate")]) from None
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def check_local(job: Job) -> None:
+    """Checks that depend on this machine's files (only for local runs)."""
+    t = job.training
+    if t["dataset"] in ("cifar10", "cifar100") and not os.path.isdir(t["dataPath"]):
+        raise SpecError([Issue("spec.training.dataPath",
+                               f"{t['dataPath']} does not exist (datasets are never downloaded at run time)")])

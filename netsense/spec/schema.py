@@ -1,0 +1,313 @@
+"""A tiny declarative schema: one definition gives both validation and OpenAPI.
+
+Every node validates a value at a field path, collecting *all* errors (so
+``netsense validate`` can list them), fills defaults, and renders itself as the
+OpenAPI v3 structural schema the CRD carries. The CRD can therefore never drift
+from what the CLI and the operator accept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from netsense import units
+
+MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Issue:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class Errors(list):
+    def add(self, path: str, message: str) -> None:
+        self.append(Issue(path, message))
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+
+
+class Node:
+    doc: str = ""
+
+    def parse(self, value: Any, path: str, errors: Errors) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def openapi(self) -> dict:  # pragma: no cover
+        raise NotImplementedError
+
+    def _described(self, schema: dict) -> dict:
+        if self.doc:
+            schema["description"] = self.doc
+        return schema
+
+
+@dataclass
+class Int(Node):
+    min: int | None = None
+    max: int | None = None
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.add(path, f"must be an integer (got {value!r})")
+            return None
+        if self.min is not None and value < self.min:
+            errors.add(path, f"must be >= {self.min} (got {value})")
+        if self.max is not None and value > self.max:
+            errors.add(path, f"must be <= {self.max} (got {value})")
+        return value
+
+    def openapi(self):
+        s: dict = {"type": "integer"}
+        if self.min is not None:
+            s["minimum"] = self.min
+        if self.max is not None:
+            s["maximum"] = self.max
+        return self._described(s)
+
+
+@dataclass
+class Float(Node):
+    min: float | None = None
+    max: float | None = None
+    exclusive_min: bool = False
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.add(path, f"must be a number (got {value!r})")
+            return None
+        value = float(value)
+        if self.min is not None:
+            if self.exclusive_min and value <= self.min:
+                errors.add(path, f"must be > {self.min:g} (got {value:g})")
+            elif not self.exclusive_min and value < self.min:
+                errors.add(path, f"must be >= {self.min:g} (got {value:g})")
+        if self.max is not None and value > self.max:
+            errors.add(path, f"must be <= {self.max:g} (got {value:g})")
+        return value
+
+    def openapi(self):
+        s: dict = {"type": "number"}
+        if self.min is not None:
+            s["minimum"] = self.min
+            if self.exclusive_min:
+                s["exclusiveMinimum"] = True
+        if self.max is not None:
+            s["maximum"] = self.max
+        return self._described(s)
+
+
+@dataclass
+class Bool(Node):
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, bool):
+            errors.add(path, f"must be true or false (got {value!r})")
+        return value
+
+    def openapi(self):
+        return self._described({"type": "boolean"})
+
+
+@dataclass
+class Str(Node):
+    enum: tuple[str, ...] | None = None
+    pattern: str | None = None
+    max_length: int | None = None
+    pattern_hint: str = ""
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, str):
+            errors.add(path, f"must be a string (got {value!r})")
+            return None
+        if self.enum is not None and value not in self.enum:
+            errors.add(path, f"unknown value {value!r} (one of: {', '.join(self.enum)})")
+        if self.pattern is not None and not re.match(self.pattern, value):
+            errors.add(path, f"{value!r} is not valid{': ' + self.pattern_hint if self.pattern_hint else ''}")
+        if self.max_length is not None and len(value) > self.max_length:
+            errors.add(path, f"at most {self.max_length} characters (got {len(value)})")
+        return value
+
+    def openapi(self):
+        s: dict = {"type": "string"}
+        if self.enum is not None:
+            s["enum"] = list(self.enum)
+        if self.pattern is not None:
+            s["pattern"] = self.pattern
+        if self.max_length is not None:
+            s["maxLength"] = self.max_length
+        return self._described(s)
+
+
+@dataclass
+class Unit(Node):
+    """A rate, duration or percentage string, kept as written (parsed by users of it)."""
+
+    kind: str = "rate"  # rate | duration | percent
+    doc: str = ""
+
+    _PARSERS = {
+        "rate": (units.parse_rate, units.RATE_PATTERN),
+        "duration": (units.parse_duration, units.DURATION_PATTERN),
+        "percent": (units.parse_fraction_or_percent, units.PERCENT_PATTERN),
+    }
+
+    def parse(self, value, path, errors):
+        parser, _ = self._PARSERS[self.kind]
+        try:
+            parser(value)
+        except units.UnitError as e:
+            errors.add(path, str(e))
+        return value
+
+    def openapi(self):
+        _, pattern = self._PARSERS[self.kind]
+        if self.kind == "rate":
+            return self._described({"type": "string", "pattern": pattern})
+        # Durations may be bare seconds, percentages bare fractions.
+        return self._described({"x-kubernetes-int-or-string": True, "anyOf": [
+            {"type": "integer"}, {"type": "string", "pattern": pattern}]})
+
+
+@dataclass
+class Free(Node):
+    """An opaque mapping passed through (e.g. Kubernetes resource requirements)."""
+
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, dict):
+            errors.add(path, f"must be a mapping (got {value!r})")
+        return value
+
+    def openapi(self):
+        return self._described({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+
+
+@dataclass
+class ListOf(Node):
+    item: Node = field(default_factory=Free)
+    min_items: int = 0
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, list):
+            errors.add(path, f"must be a list (got {value!r})")
+            return None
+        if len(value) < self.min_items:
+            errors.add(path, f"needs at least {self.min_items} item(s)")
+        return [self.item.parse(v, _join(path, i), errors) for i, v in enumerate(value)]
+
+    def openapi(self):
+        s = {"type": "array", "items": self.item.openapi()}
+        if self.min_items:
+            s["minItems"] = self.min_items
+        return self._described(s)
+
+
+@dataclass
+class F:
+    """A field of an object: its node, default (MISSING = optional, no default), required."""
+
+    node: Node
+    default: Any = MISSING
+    required: bool = False
+
+
+Check = Callable[[dict, str, Errors], None]
+
+
+@dataclass
+class Obj(Node):
+    fields: dict[str, F] = field(default_factory=dict)
+    checks: Iterable[Check] = ()
+    cel: list[dict] = field(default_factory=list)  # x-kubernetes-validations mirroring checks
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            errors.add(path or "(top)", f"must be a mapping (got {type(value).__name__})")
+            return {}
+        out: dict = {}
+        before = len(errors)
+        for key in value:
+            if key not in self.fields:
+                errors.add(_join(path, key), f"unknown field (known: {', '.join(self.fields)})")
+        for name, f in self.fields.items():
+            sub = _join(path, name)
+            if name in value and value[name] is not None:
+                out[name] = f.node.parse(value[name], sub, errors)
+            elif f.required:
+                errors.add(sub, "required field is missing")
+            elif f.default is not MISSING:
+                out[name] = f.default() if callable(f.default) else f.default
+        if len(errors) == before:  # cross-field checks only make sense on well-typed fields
+            for check in self.checks:
+                check(out, path, errors)
+        return out
+
+    def openapi(self):
+        props = {}
+        for name, f in self.fields.items():
+            s = f.node.openapi()
+            if f.default is not MISSING and not callable(f.default):
+                s["default"] = f.default
+            props[name] = s
+        s: dict = {"type": "object", "properties": props}
+        req = [n for n, f in self.fields.items() if f.required]
+        if req:
+            s["required"] = req
+        if self.cel:
+            s["x-kubernetes-validations"] = self.cel
+        return self._described(s)
+
+
+@dataclass
+class Union(Node):
+    """Objects told apart by a discriminator field (e.g. a profile's ``type``)."""
+
+    key: str = "type"
+    variants: dict[str, Obj] = field(default_factory=dict)
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, dict):
+            errors.add(path, f"must be a mapping with a {self.key!r} (got {value!r})")
+            return None
+        kind = value.get(self.key)
+        if kind not in self.variants:
+            errors.add(_join(path, self.key), f"unknown or missing {self.key} {kind!r} (one of: {', '.join(self.variants)})")
+            return None
+        variant = self.variants[kind]
+        parsed = variant.parse({k: v for k, v in value.items() if k != self.key}, path, errors)
+        return {self.key: kind, **parsed}
+
+    def openapi(self):
+        props: dict = {self.key: {"type": "string", "enum": list(self.variants)}}
+        cel = []
+        for kind, variant in self.variants.items():
+            for name, f in variant.fields.items():
+                props.setdefault(name, f.node.openapi())
+                if f.required:
+                    cel.append({"rule": f"self.{self.key} != '{kind}' || has(self.{name})",
+                                "message": f"a {kind} profile needs {name}"})
+            cel += [{**c, "rule": f"self.{self.key} != '{kind}' || ({c['rule']})"} for c in variant.cel]
+        s: dict = {"type": "object", "required": [self.key], "properties": props}
+        if cel:
+            s["x-kubernetes-validations"] = cel
+        return self._described(s)

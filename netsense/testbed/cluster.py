@@ -1,0 +1,255 @@
+"""The local emulated cluster: N hosts as N network namespaces behind one bridge.
+
+Topology of one cluster (id = 6 random hex digits, so runs can coexist)::
+
+    nsense-<id>-h0  eth0 10.200.0.1/24 --veth-- h0 ┐
+    nsense-<id>-h1  eth0 10.200.0.2/24 --veth-- h1 ┼ br0   (in nsense-<id>-br)
+    ...                                            ┘
+
+The addresses exist only inside these namespaces; nothing is routed to or from
+the machine's own network. Each host's uplink (its eth0 egress) is shaped by the
+profile; with direction "both" the bridge-side end of its veth is shaped too,
+which shapes the host's downlink without an ifb device.
+
+Cleanup is guaranteed on normal exit, exceptions, SIGINT and SIGTERM (the CLI
+turns SIGTERM into an exception): processes are killed by process group, then
+the namespaces are deleted, which removes their veths, bridge and qdiscs. A
+state file under /run/netsense records the owner's pid, so ``netsense testbed
+clean`` can remove what a SIGKILLed run left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import IO, TextIO
+
+from netsense.shaping.profiles import Profile
+from netsense.shaping.shaper import ProfileFollower
+from netsense.shaping.tc import NO_NETEM, TcLink
+
+PREFIX = "nsense-"
+SUBNET = "10.200.0"
+STATE_DIR = os.environ.get("NETSENSE_STATE_DIR", "/run/netsense")
+
+
+class TestbedError(RuntimeError):
+    """The testbed cannot run here; the message says why (before anything is created)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def list_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def kernel_has_netem() -> bool:
+    """Probe netem in a scratch namespace (removed at once)."""
+    ns = f"{PREFIX}probe-{secrets.token_hex(3)}"
+    _ip("netns", "add", ns)
+    try:
+        proc = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                              capture_output=True, text=True)
+        return proc.returncode == 0
+    finally:
+        _ip("netns", "del", ns, check=False)
+
+
+def preflight(profile: Profile | None) -> None:
+    if os.geteuid() != 0:
+        raise TestbedError("the local testbed needs root (network namespaces and tc); run it with sudo")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise TestbedError(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")
+    if profile is not None and profile.impairments.any and not kernel_has_netem():
+        raise TestbedError(NO_NETEM)
+
+
+class LocalCluster:
+    def __init__(self, hosts: int, profile: Profile | None = None, direction: str = "egress",
+                 shaping_log: TextIO | None = None):
+        if hosts < 1 or hosts > 250:
+            raise TestbedError(f"hosts must be between 1 and 250 (got {hosts})")
+        self.hosts = hosts
+        self.profile = profile
+        self.direction = direction
+        self.id = secrets.token_hex(3)
+        self.shaping_log = shaping_log
+        self.follower: ProfileFollower | None = None
+        self.processes: list[subprocess.Popen] = []
+        self._created: list[str] = []
+
+    # -- names -------------------------------------------------------------------
+    @property
+    def bridge_ns(self) -> str:
+        return f"{PREFIX}{self.id}-br"
+
+    def host_ns(self, i: int) -> str:
+        return f"{PREFIX}{self.id}-h{i}"
+
+    @staticmethod
+    def address(i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.bridge_ns, *(self.host_ns(i) for i in range(self.hosts))]
+
+    @property
+    def state_file(self) -> str:
+        return os.path.join(STATE_DIR, f"{self.id}.json")
+
+    # -- lifecycle ---------------------------------------------------------------
+    def __enter__(self) -> LocalCluster:
+        preflight(self.profile)
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._created.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+
+    def _create(self) -> None:
+        os.makedirs(STATE_DIR, exist_ok=True)
+        with open(self.state_file, "w") as fh:
+            json.dump({"pid": os.getpid(), "namespaces": self.namespaces, "created": time.time()}, fh)
+        br = self.bridge_ns
+        self._add_ns(br)
+        _ip("-n", br, "link", "add", "br0", "type", "bridge")
+        _ip("-n", br, "link", "set", "br0", "up")
+        links: list[TcLink] = []
+        for i in range(self.hosts):
+            h = self.host_ns(i)
+            self._add_ns(h)
+            # Create the pair straight inside both namespaces: no name ever exists in
+            # the machine's own namespace, so concurrent runs cannot clash.
+            _ip("link", "add", "eth0", "netns", h, "type", "veth", "peer", "name", f"h{i}", "netns", br)
+            _ip("-n", h, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            _ip("-n", h, "link", "set", "eth0", "up")
+            _ip("-n", br, "link", "set", f"h{i}", "master", "br0", "up")
+            imp = self.profile.impairments if self.profile else None
+            links.append(TcLink("eth0", netns=h, **({"impairments": imp} if imp else {})))
+            if self.direction == "both":
+                links.append(TcLink(f"h{i}", netns=br))
+        if self.profile is not None:
+            self.follower = ProfileFollower(self.profile, links, log=self.shaping_log).start()
+
+    @property
+    def epoch(self) -> float | None:
+        """Unix time at which the profile's clock started (None when unshaped)."""
+        return self.follower.epoch if self.follower else None
+
+    def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
+              stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:
+        """Start a process in host i, in a process group of its own (so it can be killed whole)."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.host_ns(i), *argv], env=env,
+                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.processes.append(proc)
+        return proc
+
+    def kill_processes(self, grace_s: float = 5.0) -> None:
+        live = [p for p in self.processes if p.poll() is None]
+        for p in live:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.processes:
+            _signal_group(p, signal.SIGKILL)  # also reaps children that outlived their leader
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.processes.clear()
+
+    def close(self) -> None:
+        """Idempotent; safe from a signal-driven unwind."""
+        if self.follower:
+            self.follower.stop(teardown=False)  # the namespaces (and their qdiscs) go below
+            self.follower = None
+        self.kill_processes()
+        for ns in reversed(self._created):
+            _kill_namespace_pids(ns)
+            _ip("netns", "del", ns, check=False)
+        self._created.clear()
+        try:
+            os.unlink(self.state_file)
+        except FileNotFoundError:
+            pass
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_namespace_pids(ns: str) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def clean(everything: bool = False) -> list[str]:
+    """Remove namespaces of ours whose owning process is gone (or all with everything=True)."""
+    owners: dict[str, int] = {}
+    if os.path.isdir(STATE_DIR):
+        for name in os.listdir(STATE_DIR):
+            path = os.path.join(STATE_DIR, name)
+            try:
+                with open(path) as fh:
+                    state = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if everything or not _pid_alive(state["pid"]):
+                os.unlink(path)
+            for ns in state["namespaces"]:
+                owners[ns] = state["pid"]
+    removed = []
+    for ns in list_namespaces():
+        if not ns.startswith(PREFIX):
+            continue
+        pid = owners.get(ns)
+        if everything or pid is None or not _pid_alive(pid):
+            _kill_namespace_pids(ns)
+            _ip("netns", "del", ns, check=False)
+            removed.append(ns)
+    return removed

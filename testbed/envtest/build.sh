@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the control-plane binaries the operator tests run against (the way
+# controller-runtime's envtest runs them): kube-apiserver, etcd and kwok, from Go
+# modules, CGO off, with version ldflags. Prints the directory holding them.
+#
+# Why wrapper modules: k8s.io/kubernetes's go.mod requires its staging modules
+# (k8s.io/api, k8s.io/apiserver, ...) at v0.0.0 and points them at ./staging with
+# replace lines, which only apply inside its own repository. `go install
+# k8s.io/kubernetes/cmd/kube-apiserver@v1.X.Y` is therefore refused. A throw-away
+# module that requires k8s.io/kubernetes and replaces every staging module with its
+# published v0.X.Y release builds the same code. etcd's server module has replace
+# lines too, so it gets a wrapper of its own; so does kwok.
+#
+# Results are cached in ~/.cache/netsense/envtest/<versions>/bin: a warm machine
+# builds nothing. If KUBEBUILDER_ASSETS is set and holds the binaries, it is used.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+
+if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" ]]; then
+  echo "$KUBEBUILDER_ASSETS"
+  exit 0
+fi
+
+cache=${NETSENSE_CACHE:-$HOME/.cache/netsense}/envtest/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}
+bin=$cache/bin
+if [[ -x $bin/kube-apiserver && -x $bin/etcd && -x $bin/kwok ]]; then
+  echo "$bin"
+  exit 0
+fi
+command -v go >/dev/null || { echo "envtest: Go is needed to build kube-apiserver/etcd/kwok (none on PATH)" >&2; exit 1; }
+mkdir -p "$bin"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+start=$SECONDS
+log() { echo "envtest: $* ($((SECONDS - start))s)" >&2; }
+
+build_kube_apiserver() {
+  local dir=$work/kube minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local staging=v0.${K8S_VERSION#v1.}
+  mkdir -p "$dir" && cd "$dir"
+  go mod init netsense.dev/envtest/kube >/dev/null 2>&1
+  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  # Every staging module is required at v0.0.0 upstream: map each to its release.
+  grep -oE '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$gomod" | awk '{print $1}' | sort -u |
+    while read -r m; do go mod edit -replace="$m=$m@$staging"; done
+  log "building kube-apiserver $K8S_VERSION"
+  local pkg=k8s.io/component-base/version
+  go build -trimpath -o "$bin/kube-apiserver" -ldflags "-s -w \
+    -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
+    -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
+    k8s.io/kubernetes/cmd/kube-apiserver
+}
+
+build_etcd() {
+  local dir=$work/etcd
+  mkdir -p "$dir" && cd "$dir"
+  go mod init netsense.dev/envtest/etcd >/dev/null 2>&1
+  go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  log "building etcd $ETCD_VERSION"
+  go build -trimpath -o "$bin/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3
+}
+
+build_kwok() {
+  local dir=$work/kwok
+  mkdir -p "$dir" && cd "$dir"
+  go mod init netsense.dev/envtest/kwok >/dev/null 2>&1
+  go mod edit -require="sigs.k8s.io/kwok@$KWOK_VERSION"
+  log "building kwok $KWOK_VERSION"
+  go build -trimpath -o "$bin/kwok" -ldflags "-s -w \
+    -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+}
+
+[[ -x $bin/etcd ]] || build_etcd
+[[ -x $bin/kube-apiserver ]] || build_kube_apiserver
+[[ -x $bin/kwok ]] || build_kwok
+log "done: $bin"
+echo "$bin"
