@@ -254,6 +254,8 @@ class Obj(Node):
                 out[name] = f.node.parse(value[name], sub, errors)
             elif f.required:
                 errors.add(sub, "required field is missing")
+            elif f.default is dict and isinstance(f.node, Obj):
+                out[name] = f.node.parse({}, sub, errors)  # a sub-object's own defaults
             elif f.default is not MISSING:
                 out[name] = f.default() if callable(f.default) else f.default
         if len(errors) == before:  # cross-field checks only make sense on well-typed fields

@@ -1,0 +1,5 @@
+import sys
+
+from netsense.cli import main
+
+sys.exit(main())

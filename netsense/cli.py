@@ -1,0 +1,248 @@
+"""The `netsense` command line.
+
+Exit codes: 0 success; 2 bad input (the job, the profile, the arguments),
+nothing created; 1 a failure while running; 130/143 interrupted (cleaned up).
+Errors are one line on stderr: ``netsense: <field>: <reason>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import yaml
+
+from netsense.spec import SpecError, check_local, load_job
+from netsense.spec.schema import Errors
+
+EPILOG = """examples:
+  netsense validate samples/quick.yaml
+  sudo netsense run samples/quick.yaml --out runs/quick
+  netsense bench testbed/grids/ci.yaml --out runs/bench
+  netsense shape --dev eth0 --rate 200Mbit
+  netsense shape --dev eth0 --profile profile.yaml --direction both
+  netsense testbed clean
+"""
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGHUP, raised so that `finally` blocks and context managers clean up."""
+
+
+def _on_signal(signum, _frame):
+    raise Terminated(signum)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"netsense: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_validate(args) -> int:
+    job = load_job(args.job)
+    check_local(job) if args.local else None
+    print(f"{args.job}: valid NetSenseJob {job.name!r} ({job.workers} workers, "
+          f"{job.training['model']} on {job.training['dataset']}, method {job.compression['method']})")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from netsense.testbed.runner import run_job
+
+    job = load_job(args.job)
+    check_local(job)
+    out = args.out or os.path.join("runs", f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    result = run_job(job, out, quiet=args.quiet)
+    keys = ("status", "method", "steps", "throughput_samples_per_s", "best_accuracy", "final_accuracy",
+            "time_to_accuracy_s", "mean_ratio", "wire_goodput_mbit", "link_mean_rate_mbit")
+    print(json.dumps({k: result.get(k) for k in keys}, indent=1))
+    print(f"netsense: wrote {out}/result.json, timeline.csv" + (", timeline.png" if "plot" in result else ""),
+          file=sys.stderr)
+    return 0
+
+
+def _load_profile(args) -> dict:
+    from netsense.spec.job import PROFILE
+
+    if args.rate:
+        raw = {"type": "static", "rate": args.rate}
+    elif args.profile_json:
+        raw = json.loads(args.profile_json)
+    else:
+        try:
+            with open(args.profile) as fh:
+                raw = yaml.safe_load(fh)
+        except OSError as e:
+            raise SpecError([_issue("--profile", f"cannot read {args.profile}: {e.strerror}")]) from None
+        except yaml.YAMLError as e:
+            raise SpecError([_issue("--profile", f"not valid YAML: {e}")]) from None
+    errors = Errors()
+    parsed = PROFILE.parse(raw, "profile", errors)
+    if errors:
+        raise SpecError(errors)
+    if parsed["type"] == "trace" and "file" in parsed:
+        from netsense.spec.job import read_trace
+
+        base = os.path.dirname(os.path.abspath(args.profile or "."))
+        parsed["points"] = read_trace(os.path.join(base, parsed.pop("file")), "profile.file")
+    return parsed
+
+
+def _issue(path: str, message: str):
+    from netsense.spec.schema import Issue
+
+    return Issue(path, message)
+
+
+def cmd_shape(args) -> int:
+    from netsense.shaping.profiles import build_profile
+    from netsense.shaping.shaper import ProfileFollower
+    from netsense.shaping.tc import TcLink
+
+    profile = build_profile(_load_profile(args))
+    links = []
+    if args.direction in ("egress", "both"):
+        links.append(TcLink(args.dev, impairments=profile.impairments))
+    if args.direction in ("ingress", "both"):
+        links.append(TcLink(args.dev, ingress=True, impairments=profile.impairments))
+    follower = ProfileFollower(profile, links, epoch=args.epoch)
+    try:
+        follower.start_shaping()
+        if args.ready_file:
+            with open(args.ready_file, "w") as fh:
+                fh.write("shaped\n")
+        if args.once:
+            return 0
+        follower.follow()
+    finally:
+        if not args.once:
+            follower.stop(teardown=True)
+            print(json.dumps({"event": "unshaped", "devs": [link.shaped_dev for link in links]}), flush=True)
+    return 0
+
+
+def cmd_worker(_args) -> int:
+    from netsense.train.trainer import worker_main
+
+    return worker_main()
+
+
+def cmd_operator(args) -> int:
+    from netsense.kube.main import run_operator
+
+    return run_operator(namespaces=args.namespace, liveness=args.liveness)
+
+
+def cmd_bench(args) -> int:
+    from netsense.bench import run_bench
+
+    return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace)
+
+
+def cmd_testbed_clean(args) -> int:
+    from netsense.testbed.cluster import clean, preflight
+
+    preflight(None)
+    removed = clean(everything=args.all)
+    print(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+def cmd_crd(_args) -> int:
+    from netsense.spec.crd import crd
+
+    yaml.safe_dump(crd(), sys.stdout, sort_keys=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="netsense", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Network-adaptive gradient compression for PyTorch DDP, on an emulated network "
+                    "testbed or a Kubernetes cluster.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("run", help="run a NetSenseJob on the local emulated cluster (root)",
+                       description="Run JOB on one machine: one worker process per rank, each in its own "
+                                   "network namespace, links shaped by the job's bandwidth profile. Writes "
+                                   "DIR/result.json, timeline.csv and timeline.png.")
+    s.add_argument("job", help="NetSenseJob YAML file")
+    s.add_argument("--out", metavar="DIR", help="output directory (default runs/NAME-TIMESTAMP)")
+    s.add_argument("--quiet", action="store_true", help="no progress line")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("validate", help="check a NetSenseJob and list every error with its field path")
+    s.add_argument("job")
+    s.add_argument("--local", action="store_true", help="also check local files (dataPath)")
+    s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("bench", help="run a grid of methods x profiles x seeds and compare them fairly")
+    s.add_argument("grid", help="grid YAML (see testbed/grids/)")
+    s.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/bench-TIMESTAMP)")
+    s.add_argument("--cluster", action="store_true",
+                   help="submit one NetSenseJob per cell to the current Kubernetes cluster instead")
+    s.add_argument("--namespace", dest="k8s_namespace", default="default", help="namespace for --cluster")
+    s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",
+                       description="Apply a static rate or a profile to IFACE (HTB, rate changes in place) "
+                                   "until SIGTERM, then remove the qdiscs. Logs each applied step as JSON. "
+                                   "This is the Kubernetes shaping sidecar; it needs only NET_ADMIN.")
+    s.add_argument("--dev", required=True, metavar="IFACE")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--rate", help="static rate, e.g. 200Mbit")
+    g.add_argument("--profile", metavar="FILE", help="profile YAML (same mapping as spec.network.profile)")
+    g.add_argument("--profile-json", metavar="JSON", help="profile as inline JSON")
+    s.add_argument("--direction", choices=("egress", "ingress", "both"), default="egress")
+    s.add_argument("--epoch", type=float, default=None, help="unix time the profile's clock starts (default now)")
+    s.add_argument("--ready-file", metavar="PATH", help="written once the first step is applied")
+    s.add_argument("--once", action="store_true", help="apply the current step and exit, leaving it in place")
+    s.set_defaults(fn=cmd_shape)
+
+    s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)")
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("operator", help="run the NetSenseJob Kubernetes operator (kopf)")
+    s.add_argument("--namespace", action="append", default=None, help="watch only this namespace (repeatable)")
+    s.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    s.set_defaults(fn=cmd_operator)
+
+    s = sub.add_parser("testbed", help="manage the local testbed")
+    tsub = s.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
+    c = tsub.add_parser("clean", help="remove namespaces left by killed runs")
+    c.add_argument("--all", action="store_true", help="also those of runs still alive")
+    c.set_defaults(fn=cmd_testbed_clean)
+
+    s = sub.add_parser("crd", help="print the NetSenseJob CRD (generated from the spec)")
+    s.set_defaults(fn=cmd_crd)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    from netsense.testbed.cluster import TestbedError
+
+    try:
+        return args.fn(args)
+    except SpecError as e:
+        return _fail(str(e), 2)
+    except TestbedError as e:
+        return _fail(str(e), 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted; everything it started was cleaned up", 130)
+    except Terminated:
+        return _fail("terminated; everything it started was cleaned up", 143)
+    except Exception as e:  # a one-line reason, never a traceback, for expected failures
+        if os.environ.get("NETSENSE_DEBUG"):
+            raise
+        return _fail(f"{type(e).__name__}: {e}" if not type(e).__name__ == "RunFailed" else str(e), 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Gradient compression for PyTorch DDP, selected by name.
+
+    from netsense.compression import register
+    state = register(ddp_model, {"method": "topk", "density": 0.01})
+    ...                      # train as usual
+    state.end_step()         # optional: this step's telemetry (density, wire bytes, ...)
+
+Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
+(fixed density), netsense (paper-faithful NetSenseML), overlap (ours; alias
+"ours"). Configuration uses the NetSenseJob's ``spec.compression`` names and is
+validated by the same schema, so a bad value fails at once naming the field.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
+from netsense.control.policies import (
+    FixedDensity,
+    OverlapController,
+    PaperAIMD,
+    dense_allreduce_bytes,
+)
+from netsense.spec.job import COMPRESSION
+from netsense.spec.schema import Errors
+
+__all__ = ["CompressionState", "register", "validate_config"]
+
+
+def validate_config(config: dict | str | None) -> dict:
+    """Normalize a compression config (defaults filled); raises SpecError naming bad fields."""
+    from netsense.spec.job import SpecError
+
+    if config is None or isinstance(config, str):
+        config = {"method": config or "allreduce"}
+    errors = Errors()
+    parsed = COMPRESSION.parse(dict(config), "compression", errors)
+    if errors:
+        raise SpecError(errors)
+    if parsed["method"] == "ours":
+        parsed["method"] = "overlap"
+    return parsed
+
+
+def _powersgd_wire(state: powerSGD_hook.PowerSGDState, world: int):
+    def wire(bucket: dist.GradBucket) -> float:
+        n = bucket.buffer().numel()
+        if state.iter < state.start_powerSGD_iter:
+            return dense_allreduce_bytes(n, world)
+        elements = 0
+        for p in bucket.parameters():
+            if p.dim() > 1:
+                rows, cols = p.shape[0], p.numel() // p.shape[0]
+                r = min(state.matrix_approximation_rank, rows, cols)
+                compressed = (rows + cols) * r
+                elements += compressed if compressed * state.min_compression_rate < rows * cols else p.numel()
+            else:
+                elements += p.numel()
+        return dense_allreduce_bytes(elements, world)
+
+    return wire
+
+
+def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
+             process_group: dist.ProcessGroup | None = None, seed: int = 0) -> CompressionState:
+    """Register the hook for ``config['method']`` on a DDP model; returns its state."""
+    c = validate_config(config)
+    method = c["method"]
+    world = dist.get_world_size(process_group)
+    if method == "powersgd":
+        inner = powerSGD_hook.PowerSGDState(
+            process_group=process_group, matrix_approximation_rank=c["rank"],
+            start_powerSGD_iter=c["startIter"], use_error_feedback=c["errorFeedback"], warm_start=True,
+            random_seed=seed)
+        state: CompressionState = TorchHookState(powerSGD_hook.powerSGD_hook, inner,
+                                                 _powersgd_wire(inner, world), process_group)
+        model.register_comm_hook(state, torch_hook)
+        return state
+    if method == "fp16":
+        state = TorchHookState(default_hooks.fp16_compress_hook, process_group,
+                               lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
+                               process_group)
+        model.register_comm_hook(state, torch_hook)
+        return state
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    policy = {
+        "allreduce": lambda: None,
+        "topk": lambda: FixedDensity(c["density"]),
+        "netsense": lambda: PaperAIMD(
+            alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
+            min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
+            quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
+        "overlap": lambda: OverlapController(
+            numel, world, budget=c["commBudget"], probe_every=c["probeEvery"], probe_gain=c["probeGain"],
+            min_density=c["minRatio"]),
+    }[method]()
+    state = CompressionState(policy, process_group, error_feedback=c["errorFeedback"],
+                             warmup_steps=c["warmupSteps"], need_grad_norm=method == "netsense" and c["quantize"],
+                             seed=seed)
+    model.register_comm_hook(state, compress_hook)
+    return state

@@ -1,0 +1,260 @@
+"""One DDP comm hook for every method, and the state it keeps.
+
+``CompressionState`` + ``compress_hook`` follow torch's ddp_comm_hooks style:
+the hook is registered once with ``model.register_comm_hook(state, compress_hook)``
+(or ``netsense.compression.register``) and returns a future holding the bucket's
+averaged gradient. It never blocks: collectives are launched async and the
+decompression runs in ``then`` callbacks, so communication overlaps the rest of
+the backward pass.
+
+Per step (detected by bucket index 0, which DDP always launches first):
+
+1. the previous step's local measurements (wire bytes, busy seconds, compute
+   seconds, gradient norm) are finalized;
+2. the measurements of the step before that, averaged over ranks by a tiny
+   async all_reduce launched one step ago, are fed to the policy -- so every
+   rank feeds the policy identical numbers and gets an identical decision
+   (density, k, fp16, dense or sparse). The price is a two-step lag;
+3. the policy decides this step; the new all_reduce of measurements starts.
+
+Dense path: ``g/N`` all_reduced (fp32 or fp16). Sparse path: error feedback
+(residual + g), optional pruning of smallest-|weight| entries, exact TopK of the
+magnitude, then one all_gather of each rank's packed (values, int32 indices);
+every rank's contribution is *accumulated* with ``index_add_`` (colliding
+indices sum, signs kept) and the sum divided by the world size:
+
+    g_avg = (1/N) * sum_r scatter_add(indices_r, values_r)
+
+Iteration 0 is always dense: DDP rebuilds buckets after it, and bucket indices
+are only stable afterwards (the residual memory is keyed by them).
+"""
+
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from netsense.compression.memory import ResidualMemory
+from netsense.compression.selection import smallest_fraction_mask, topk_indices
+from netsense.compression.timing import IntervalTimer
+from netsense.control.policies import (
+    Decision,
+    Policy,
+    StepMeasurement,
+    dense_allreduce_bytes,
+    sparse_allgather_bytes,
+)
+
+_MEASURE_FIELDS = len(StepMeasurement.__dataclass_fields__)
+
+
+class CompressionState:
+    def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
+                 error_feedback: bool = True, warmup_steps: int = 0, fp16: bool = False,
+                 need_grad_norm: bool = False, seed: int = 0):
+        self.policy = policy  # None: plain dense allreduce (fp32 or fp16)
+        self.group = process_group
+        self.world = dist.get_world_size(process_group)
+        self.error_feedback = error_feedback
+        self.warmup_steps = max(1, warmup_steps)  # iteration 0 is always dense
+        self.fixed_fp16 = fp16
+        self.need_grad_norm = need_grad_norm
+        self.memory = ResidualMemory()
+        self.generator_seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+        self.step = -1
+        self.decision = Decision(fp16=fp16)
+        self.timer: IntervalTimer | None = None
+        self._agreement: torch.futures.Future | None = None
+        self._step_start = 0.0
+        self._reset_counters()
+        self.history: list[dict] = []  # one telemetry record per finished step
+        self._finished = True
+
+    # -- per-step bookkeeping -----------------------------------------------------
+    def _reset_counters(self) -> None:
+        self.wire_bytes = 0.0
+        self.payload_bytes = 0.0
+        self.selection_seconds = 0.0
+        self.grad_sq = 0.0
+        self.elements_sent = 0.0
+        self.elements_total = 0.0
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.generator_seed + 7919 * dist.get_rank(self.group))
+            self._generators[device] = g
+        return self._generators[device]
+
+    def end_step(self) -> dict | None:
+        """Finalize the current step's telemetry (call after backward; idempotent).
+
+        Returns the record, or None if no step is open. Called automatically when
+        the next step begins, so loops that never call it still work.
+        """
+        if self._finished or self.timer is None:
+            return None
+        self._finished = True
+        now = time.perf_counter()
+        busy = self.timer.busy()
+        compute = max(1e-6, (now - self._step_start) - self.timer.exposed())
+        record = {
+            "step": self.step,
+            "density": self.elements_sent / self.elements_total if self.elements_total else 1.0,
+            "fp16": self.decision.fp16,
+            "dense": self.decision.dense,
+            "wire_bytes": self.wire_bytes,
+            "payload_bytes": self.payload_bytes,
+            "comm_seconds": busy,
+            "compute_seconds": compute,
+            "selection_seconds": self.selection_seconds,
+            "grad_norm": math.sqrt(float(self.grad_sq)),
+            **(self.policy.telemetry() if self.policy else {}),
+        }
+        self.history.append(record)
+        return record
+
+    def _begin_step(self, device: torch.device) -> None:
+        self.end_step()
+        last = self.history[-1] if self.history else None
+        if self._agreement is not None:
+            agreed = self._agreement.wait()[0].tolist()
+            if self.policy is not None and agreed[0] > 0:
+                self.policy.update(StepMeasurement(*(v / self.world for v in agreed)))
+        self.step += 1
+        if self.policy is None:
+            self.decision = Decision(fp16=self.fixed_fp16)
+        elif self.step < self.warmup_steps:
+            self.decision = Decision()
+        else:
+            self.decision = self.policy.decide()
+        # Share this rank's view of the last step; used one step from now.
+        if last is not None and self.policy is not None:
+            mine = torch.tensor([last["wire_bytes"], last["payload_bytes"], last["comm_seconds"],
+                                 last["compute_seconds"], last["grad_norm"]], dtype=torch.float64, device=device)
+            assert mine.numel() == _MEASURE_FIELDS
+            self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
+        self._reset_counters()
+        self.timer = IntervalTimer(device)
+        self._step_start = time.perf_counter()
+        self._finished = False
+
+    # -- the two communication paths ----------------------------------------------
+    def dense(self, bucket: dist.GradBucket, fp16: bool) -> torch.futures.Future[torch.Tensor]:
+        buf = bucket.buffer()
+        if self.error_feedback:
+            self.memory.flush_into(bucket.index(), buf)  # residual from sparse steps is not lost
+        buf.div_(self.world)
+        tensor = buf.to(torch.float16) if fp16 else buf
+        n = buf.numel()
+        self.wire_bytes += dense_allreduce_bytes(n, self.world, fp16)
+        self.payload_bytes += n * tensor.element_size()
+        self.elements_sent += n
+        self.elements_total += n
+        timer, token = self.timer, self.timer.start()
+        fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+
+        def finish(f: torch.futures.Future) -> torch.Tensor:
+            timer.stop(token)
+            if fp16:
+                buf.copy_(f.value()[0])
+            return buf
+
+        return fut.then(finish)
+
+    def sparse(self, bucket: dist.GradBucket, d: Decision) -> torch.futures.Future[torch.Tensor]:
+        t0 = time.perf_counter()
+        buf = bucket.buffer()
+        n = buf.numel()
+        signal = self.memory.compensate(bucket.index(), buf) if self.error_feedback else buf
+        magnitude = signal.abs()
+        if d.prune > 0:
+            weights = _flat_weights(bucket)
+            if weights is not None:
+                magnitude[smallest_fraction_mask(weights, d.prune, self._generator(buf.device))] = 0
+        k = max(1, min(n, math.ceil(d.density * n)))
+        indices = topk_indices(magnitude, k, self._generator(buf.device))
+        values = signal[indices].to(torch.float16 if d.fp16 else buf.dtype)
+        if self.error_feedback:
+            ResidualMemory.sent(signal, indices, values)
+        # Indices first: 4k bytes keep the values' offset aligned for any dtype view.
+        packed = torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
+        gathered = [torch.empty_like(packed) for _ in range(self.world)]
+        self.selection_seconds += time.perf_counter() - t0
+        self.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
+        self.payload_bytes += packed.numel()
+        self.elements_sent += k
+        self.elements_total += n
+        timer, token = self.timer, self.timer.start()
+        fut = dist.all_gather(gathered, packed, group=self.group, async_op=True).get_future()
+        index_bytes = 4 * k
+
+        def finish(_: torch.futures.Future) -> torch.Tensor:
+            timer.stop(token)
+            buf.zero_()
+            for chunk in gathered:
+                i = chunk[:index_bytes].view(torch.int32).to(torch.long)
+                v = chunk[index_bytes:].view(values.dtype).to(buf.dtype)
+                buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
+            return buf.div_(self.world)
+
+        return fut.then(finish)
+
+    def telemetry(self) -> list[dict]:
+        return self.history
+
+
+def _flat_weights(bucket: dist.GradBucket) -> torch.Tensor | None:
+    params = bucket.parameters()
+    flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else None
+    return flat if flat is not None and flat.numel() == bucket.buffer().numel() else None
+
+
+def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP comm hook: dense or sparse per the state's decision for this step."""
+    buf = bucket.buffer()
+    if bucket.index() == 0:
+        state._begin_step(buf.device)
+    if state.need_grad_norm:
+        state.grad_sq = state.grad_sq + buf.pow(2).sum()  # a tensor: no device sync here
+    d = state.decision
+    return state.dense(bucket, d.fp16) if d.dense else state.sparse(bucket, d)
+
+
+class TorchHookState(CompressionState):
+    """torch's own hooks (fp16, PowerSGD) with our telemetry around them."""
+
+    def __init__(self, inner_hook: Callable, inner_state: Any, wire: Callable[[dist.GradBucket], float],
+                 process_group: dist.ProcessGroup | None = None):
+        super().__init__(policy=None, process_group=process_group, error_feedback=False)
+        self.inner_hook, self.inner_state, self.wire = inner_hook, inner_state, wire
+
+
+def torch_hook(state: TorchHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    if bucket.index() == 0:
+        state._begin_step(bucket.buffer().device)
+    n = bucket.buffer().numel()
+    wire = state.wire(bucket)
+    state.wire_bytes += wire
+    state.payload_bytes += wire
+    state.elements_total += n
+    # Density as the fraction of dense wire bytes actually sent.
+    state.elements_sent += n * min(1.0, wire / max(1.0, dense_allreduce_bytes(n, state.world))) if state.world > 1 else n
+    timer, token = state.timer, state.timer.start()
+    fut = state.inner_hook(state.inner_state, bucket)
+
+    def finish(f: torch.futures.Future) -> torch.Tensor:
+        timer.stop(token)
+        return f.value()
+
+    return fut.then(finish)
+
+
+def decision_dict(d: Decision) -> dict:
+    return asdict(d)

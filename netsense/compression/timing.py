@@ -1,0 +1,71 @@
+"""Timing collectives by their real completion, on CPU and GPU.
+
+The hook starts a timer when it launches a collective and stops it in the
+future's completion callback. On CPU (gloo) wall clock in the callback is real
+completion. On GPU (NCCL) the callback only means the work is *enqueued* on the
+stream, so we record CUDA events on the current stream instead and read them
+when the step is finalized (after DDP has waited for every bucket) -- never CPU
+time around an unsynchronised GPU call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class IntervalTimer:
+    """Collects [start, end] intervals of one step; busy() is their union's length."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._ref = None
+        self._open: list = []
+        self._intervals: list[tuple[float, float]] = []
+        self.last_launch = 0.0
+        self.last_done = 0.0
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            if self._ref is None:
+                self._ref = ev
+            return ev
+        return time.perf_counter()
+
+    def start(self):
+        self.last_launch = time.perf_counter()
+        return self._now()
+
+    def stop(self, token) -> None:
+        self.last_done = time.perf_counter()
+        self._open.append((token, self._now()))
+
+    def _resolve(self, mark) -> float:
+        if not self.cuda:
+            return mark
+        mark.synchronize()
+        return self._ref.elapsed_time(mark) / 1e3
+
+    def busy(self) -> float:
+        """Union of intervals in seconds; resets for the next step."""
+        intervals = sorted((self._resolve(a), self._resolve(b)) for a, b in self._open)
+        self._open.clear()
+        self._ref = None
+        total, cur_start, cur_end = 0.0, None, None
+        for a, b in intervals:
+            if cur_end is None or a > cur_end:
+                if cur_end is not None:
+                    total += cur_end - cur_start
+                cur_start, cur_end = a, b
+            else:
+                cur_end = max(cur_end, b)
+        if cur_end is not None:
+            total += cur_end - cur_start
+        return total
+
+    def exposed(self) -> float:
+        """How long the step waited for communication after its last launch."""
+        return max(0.0, self.last_done - self.last_launch)

@@ -1,0 +1,184 @@
+"""`netsense run`: one NetSenseJob on the local emulated cluster.
+
+Builds the cluster (one namespace per rank), starts one ``netsense worker`` per
+rank with the environment a pod would get, follows the bandwidth profile, shows
+progress, restarts the whole gang on a worker failure (up to backoffLimit, as
+the operator does), enforces activeDeadlineSeconds, and tears everything down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from netsense.shaping.profiles import build_profile
+from netsense.spec import Job
+from netsense.testbed.cluster import LocalCluster
+from netsense.train.results import plot
+
+MASTER_PORT = 29500
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class GangOutcome:
+    ok: bool
+    reason: str = ""
+
+
+class Progress:
+    """One updating line on a terminal; a line every 10 s otherwise (CI logs)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, quiet: bool = False):
+        self.stream, self.quiet = stream, quiet
+        self.tty = stream.isatty()
+        self.last_print = 0.0
+
+    def show(self, ev: dict) -> None:
+        if self.quiet:
+            return
+        step = ev.get("step")
+        total = ev.get("max_steps")
+        bar = ""
+        if total:
+            done = int(20 * step / total)
+            bar = f"[{'#' * done}{'.' * (20 - done)}] "
+        acc = ev.get("accuracy")
+        rate = ev.get("rate_mbit")
+        density = ev.get("density")
+        line = (f"{bar}step {step}{'/' + str(total) if total else ''}  epoch {ev.get('epoch')}  "
+                f"{ev.get('samples_per_s', 0):.1f} samples/s  loss {ev.get('loss')}"
+                + (f"  density {density:.4f}" if density is not None else "")
+                + (f"  link {rate:g} Mbit" if rate is not None else "")
+                + (f"  acc {acc:.3f}" if acc is not None else ""))
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+            self.stream.flush()
+        elif time.monotonic() - self.last_print >= 10:
+            self.last_print = time.monotonic()
+            print(line, file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\r\x1b[2K")
+        print(text, file=self.stream, flush=True)
+
+
+def worker_env(job: Job, rank: int, master: str, out_dir: str, epoch: float | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
+    env.update({
+        "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(job.workers),
+        "RANK": str(rank), "LOCAL_RANK": "0", "NETSENSE_JOB": json.dumps(job.manifest()),
+        "NETSENSE_OUT": out_dir, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": str(job.training["threads"]), "PYTHONUNBUFFERED": "1",
+    })
+    if epoch is not None:
+        env["NETSENSE_PROFILE_EPOCH"] = repr(epoch)
+    return env
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            lines = [ln.strip() for ln in fh if ln.strip()]
+    except OSError:
+        return ""
+    # Prefer our own one-line reason over a traceback's tail.
+    for ln in reversed(lines):
+        if ln.startswith("netsense worker"):
+            return ln
+    return lines[-1] if lines else ""
+
+
+def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, attempt: int,
+             deadline: float | None) -> GangOutcome:
+    """Start all ranks; wait until all exit or one fails; returns the outcome."""
+    logs = os.path.join(out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    procs = []
+    for rank in range(job.workers):
+        err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
+        stdout = subprocess.PIPE if rank == 0 else err
+        env = worker_env(job, rank, cluster.address(0), out_dir, cluster.epoch)
+        procs.append(cluster.spawn(rank, [sys.executable, "-m", "netsense", "worker"], env=env,
+                                   stdout=stdout, stderr=err))
+        err.close()
+    events_path = os.path.join(out_dir, "events.jsonl")
+
+    def pump() -> None:
+        with open(events_path, "a") as events:
+            for data in procs[0].stdout:
+                raw = data.decode(errors="replace")
+                events.write(raw)
+                try:
+                    ev = json.loads(raw)
+                except ValueError:
+                    continue
+                if ev.get("event") == "progress":
+                    progress.show(ev)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r = failed[0]
+            reason = _last_line(os.path.join(logs, f"worker-{r}.attempt{attempt}.log")) or f"exit code {codes[r]}"
+            cluster.kill_processes()
+            return GangOutcome(False, f"worker {r} failed: {reason}")
+        if all(c == 0 for c in codes):
+            reader.join(timeout=5)
+            return GangOutcome(True)
+        if deadline is not None and time.monotonic() > deadline:
+            cluster.kill_processes()
+            return GangOutcome(False, "activeDeadlineSeconds exceeded")
+        time.sleep(0.2)
+
+
+def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
+    """Run a validated job locally; returns result.json's content or raises RunFailed."""
+    os.makedirs(out_dir, exist_ok=True)
+    progress = Progress(quiet=quiet)
+    profile = build_profile(job.network.get("profile"))
+    policy = job.run_policy
+    deadline = time.monotonic() + policy["activeDeadlineSeconds"] if "activeDeadlineSeconds" in policy else None
+    with open(os.path.join(out_dir, "shaping.jsonl"), "w") as shaping_log, \
+            LocalCluster(job.workers, profile, job.network["direction"], shaping_log=shaping_log) as cluster:
+        progress.message(f"netsense: {job.name}: {job.workers} workers in namespaces {cluster.bridge_ns[:-2]}*, "
+                         f"method {job.compression['method']}, "
+                         f"profile {job.network.get('profile', {}).get('type', 'unshaped')}; output in {out_dir}")
+        for attempt in range(policy["backoffLimit"] + 1):
+            outcome = run_gang(cluster, job, out_dir, progress, attempt, deadline)
+            if outcome.ok:
+                break
+            if attempt < policy["backoffLimit"] and outcome.reason != "activeDeadlineSeconds exceeded":
+                progress.message(f"netsense: {outcome.reason}; restarting the gang "
+                                 f"({attempt + 1}/{policy['backoffLimit']})")
+                continue
+            _write_failure(out_dir, job, outcome.reason)
+            raise RunFailed(outcome.reason)
+    progress.message("")
+    with open(os.path.join(out_dir, "result.json")) as fh:
+        result = json.load(fh)
+    png = plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
+               f"{job.name}: {job.compression['method']}, {job.workers} workers")
+    if png:
+        result["plot"] = png
+    return result
+
+
+def _write_failure(out_dir: str, job: Job, reason: str) -> None:
+    with open(os.path.join(out_dir, "result.json"), "w") as fh:
+        json.dump({"job": job.name, "method": job.compression["method"], "workers": job.workers,
+                   "model": job.training["model"], "dataset": job.training["dataset"],
+                   "status": "Failed", "reason": reason}, fh, indent=2)

@@ -1,0 +1,62 @@
+"""Models in their small-image form: ResNet18/VGG16 for 32x32 (CIFAR), an MLP and a CNN."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def resnet18(in_channels: int, classes: int) -> nn.Module:
+    """torchvision's ResNet18 with the CIFAR stem: 3x3 stride-1 conv, no max-pool."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    m = tv_resnet18(num_classes=classes)
+    m.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    m.maxpool = nn.Identity()
+    return m
+
+
+class VGG16(nn.Module):
+    """torchvision's VGG16-BN features with a CIFAR head (512 -> classes), 15M parameters."""
+
+    def __init__(self, in_channels: int, classes: int):
+        super().__init__()
+        from torchvision.models import vgg16_bn
+
+        features = vgg16_bn().features
+        features[0] = nn.Conv2d(in_channels, 64, kernel_size=3, padding=1)
+        self.features = features
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def mlp(input_shape: tuple[int, ...], classes: int, hidden: int) -> nn.Module:
+    inputs = 1
+    for d in input_shape:
+        inputs *= d
+    return nn.Sequential(nn.Flatten(), nn.Linear(inputs, hidden), nn.ReLU(),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def cnn(in_channels: int, classes: int, hidden: int) -> nn.Module:
+    width = max(8, hidden // 16)
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(width, width * 2, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(), nn.Linear(width * 2 * 16, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def build_model(name: str, input_shape: tuple[int, ...], classes: int, hidden: int = 512) -> nn.Module:
+    channels = input_shape[0]
+    if name == "resnet18":
+        return resnet18(channels, classes)
+    if name == "vgg16":
+        return VGG16(channels, classes)
+    if name == "mlp":
+        return mlp(input_shape, classes, hidden)
+    if name == "cnn":
+        return cnn(channels, classes, hidden)
+    raise ValueError(f"spec.training.model: unknown model {name!r}")

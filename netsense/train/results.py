@@ -1,0 +1,97 @@
+"""Per-step timeline, the result summary (result.json's keys), and the plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+
+TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "ratio", "bytes", "comm_s", "compute_s",
+                    "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit", "samples_per_s",
+                    "accuracy"]
+
+
+@dataclass
+class Timeline:
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, **row) -> None:
+        self.rows.append(row)
+
+    def write_csv(self, path: str) -> None:
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=TIMELINE_COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in TIMELINE_COLUMNS})
+
+    def steady_throughput(self, samples_per_step: int) -> float:
+        """Global samples/s over the steps after warm-up (first 10%, at least 2 steps)."""
+        if len(self.rows) < 3:
+            return 0.0
+        skip = max(2, len(self.rows) // 10)
+        first, last = self.rows[skip - 1], self.rows[-1]
+        dt = last["time"] - first["time"]
+        return samples_per_step * (len(self.rows) - skip) / dt if dt > 0 else 0.0
+
+
+def read_timeline(path: str) -> list[dict]:
+    with open(path) as fh:
+        return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+
+def write_result(out_dir: str, result: dict) -> str:
+    path = os.path.join(out_dir, "result.json")
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    return path
+
+
+def compact(result: dict, limit: int = 4000) -> str:
+    """The result as one JSON line that fits a termination message (4096 bytes)."""
+    text = json.dumps(result, separators=(",", ":"), sort_keys=True)
+    if len(text) <= limit:
+        return text
+    keep = {k: v for k, v in result.items() if not isinstance(v, (list, dict))}
+    return json.dumps(keep, separators=(",", ":"), sort_keys=True)[:limit]
+
+
+def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
+    """samples/s, density, link rate (and estimate) and accuracy over time."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = read_timeline(timeline_csv)
+    if not rows:
+        return None
+    t = [r["time"] for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
+    axes[0].plot(t, [r["samples_per_s"] for r in rows], lw=0.8)
+    axes[0].set_ylabel("samples/s")
+    axes[1].plot(t, [r["ratio"] for r in rows], lw=0.8, color="tab:orange")
+    axes[1].set_ylabel("density")
+    axes[1].set_yscale("log")
+    link = [(r["time"], r["link_rate_mbit"]) for r in rows if r["link_rate_mbit"] is not None]
+    if link:
+        axes[2].plot(*zip(*link, strict=True), lw=1.2, label="link rate", color="black")
+    est = [(r["time"], r["est_btlbw_mbit"]) for r in rows if r["est_btlbw_mbit"]]
+    if est:
+        axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
+    axes[2].set_ylabel("Mbit/s")
+    axes[2].legend(loc="upper right", fontsize=8)
+    acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
+    if acc:
+        axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red")
+    axes[3].set_ylabel("accuracy")
+    axes[3].set_xlabel("training time (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=90)
+    plt.close(fig)
+    return png_path

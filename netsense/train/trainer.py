@@ -1,0 +1,325 @@
+"""The DDP trainer: what runs in every worker (a testbed host or a Kubernetes pod).
+
+Configuration comes from the environment, exactly as a pod gets it:
+MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK (torch's env:// rendezvous),
+NETSENSE_JOB (the NetSenseJob as JSON), NETSENSE_PROFILE_EPOCH (unix time the
+bandwidth profile's clock started, for the link-rate column), NETSENSE_OUT
+(directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
+compact result, e.g. the pod's termination message) and NETSENSE_TIMEOUT
+(collective timeout in seconds: a dead peer ends the run, never a hang).
+
+Rank 0 prints JSON lines on stdout: progress, evaluations, and the result.
+Stop decisions (target reached, wall budget) are taken by rank 0 and shared by
+a one-element all_reduce at "sync points" every few steps, so every rank leaves
+the loop at the same step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from netsense import units
+from netsense.compression import register
+from netsense.shaping.profiles import build_profile
+from netsense.spec import Job, parse_spec
+from netsense.train.data import ShardedBatches, load_dataset
+from netsense.train.models import build_model
+from netsense.train.results import Timeline, compact, write_result
+
+SYNC_EVERY = 10  # steps between stop-flag agreements
+PROGRESS_EVERY_S = 1.0
+
+
+def emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def wait_for_master(addr: str, port: int, timeout_s: float) -> None:
+    """Non-zero ranks wait (bounded) until rank 0's rendezvous port answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank 0 at {addr}:{port} not reachable after {timeout_s:.0f}s") from None
+            time.sleep(0.2)
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    epoch: int = 0
+    train_time: float = 0.0  # excludes evaluation
+    best_accuracy: float | None = None
+    final_accuracy: float | None = None
+    tta: float | None = None
+    last_loss: float = float("nan")
+    eval_seconds: float = 0.0
+    accuracies: list[tuple[int, float, float]] = field(default_factory=list)  # step, time, acc
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+             batch: int = 500) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(y), batch):
+            out = model(x[i:i + batch].to(device))
+            correct += int((out.argmax(1).cpu() == y[i:i + batch]).sum())
+    model.train()
+    return correct / max(1, len(y))
+
+
+class Trainer:
+    def __init__(self, job: Job, rank: int, world: int, profile_epoch: float | None = None):
+        self.job, self.rank, self.world = job, rank, world
+        self.t = job.training
+        torch.set_num_threads(self.t["threads"])
+        backend = self.t["backend"]
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.backend = backend
+        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if backend == "nccl" \
+            else torch.device("cpu")
+        self.profile = build_profile(job.network.get("profile"))
+        self.profile_epoch = profile_epoch
+        self.timeline = Timeline()
+        self.state = RunState()
+
+    def link_rate_mbit(self) -> float | None:
+        if self.profile is None or self.profile_epoch is None:
+            return None
+        return self.profile.rate_at(time.time() - self.profile_epoch) / 1e6
+
+    def setup(self) -> None:
+        timeout = float(os.environ.get("NETSENSE_TIMEOUT", "120"))
+        if self.rank != 0:
+            wait_for_master(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), max(timeout, 300))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(self.backend, rank=self.rank, world_size=self.world,
+                                timeout=datetime.timedelta(seconds=timeout))
+        self.data = load_dataset(self.t)
+        torch.manual_seed(self.t["seed"])  # identical initial weights (DDP also broadcasts them)
+        model = build_model(self.t["model"], self.data.input_shape, self.data.classes, self.t["hiddenSize"])
+        model.to(self.device)
+        self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                         gradient_as_bucket_view=True)
+        self.hook = register(self.model, self.job.compression, seed=self.t["seed"])
+        if self.t["optimizer"] == "adam":
+            self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
+        else:
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=self.t["lr"], momentum=self.t["momentum"],
+                                       weight_decay=self.t["weightDecay"])
+        self.batches = ShardedBatches(self.data, self.t["batchSize"], self.rank, self.world, self.t["seed"])
+        if len(self.batches) == 0:
+            raise ValueError(f"spec.training.batchSize: {self.t['batchSize']} x {self.world} workers is more "
+                             f"than the {len(self.data.train_y)} training samples")
+        n_eval = min(self.t["evalSamples"], len(self.data.test_y))
+        self.eval_x, self.eval_y = self.data.test_x[:n_eval], self.data.test_y[:n_eval]
+
+    # -- stopping ----------------------------------------------------------------------
+    def _max_steps(self) -> int:
+        limits = []
+        if "epochs" in self.t:
+            limits.append(self.t["epochs"] * len(self.batches))
+        if "maxSteps" in self.t:
+            limits.append(self.t["maxSteps"])
+        return min(limits) if limits else 10**12
+
+    def _eval_due(self, step: int, end_of_epoch: bool) -> bool:
+        every = self.t.get("evalEvery")
+        return (step % every == 0) if every else end_of_epoch
+
+    def _local_stop(self) -> bool:
+        target = self.t.get("targetAccuracy")
+        if target and self.t["stopAtTarget"] and self.state.tta is not None:
+            return True
+        budget = self.t.get("maxSeconds")
+        return bool(budget and self.state.train_time >= units.parse_duration(budget))
+
+    def _agree_stop(self) -> bool:
+        flag = torch.tensor([1.0 if (self.rank == 0 and self._local_stop()) else 0.0], device=self.device)
+        dist.all_reduce(flag)
+        return flag.item() > 0
+
+    def _evaluate(self) -> None:
+        if self.rank != 0:
+            return
+        t0 = time.perf_counter()
+        acc = evaluate(self.model.module, self.eval_x, self.eval_y, self.device)
+        s = self.state
+        s.eval_seconds += time.perf_counter() - t0
+        s.final_accuracy = acc
+        s.best_accuracy = acc if s.best_accuracy is None else max(s.best_accuracy, acc)
+        s.accuracies.append((s.step, s.train_time, acc))
+        target = self.t.get("targetAccuracy")
+        if target and acc >= target and s.tta is None:
+            s.tta = s.train_time
+        if self.timeline.rows:
+            self.timeline.rows[-1]["accuracy"] = acc
+        emit("eval", step=s.step, epoch=s.epoch, accuracy=acc, time=round(s.train_time, 3),
+             time_to_accuracy_s=s.tta)
+
+    # -- the loop ----------------------------------------------------------------------
+    def train(self) -> dict:
+        s = self.state
+        max_steps = self._max_steps()
+        samples_per_step = self.t["batchSize"] * self.world
+        start = time.perf_counter()
+        last_progress = 0.0
+        stop = False
+        while not stop and s.step < max_steps:
+            batches = list(self.batches.epoch(s.epoch))
+            for i, (x, y) in enumerate(batches):
+                t0 = time.perf_counter()
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                loss = F.cross_entropy(self.model(x), y)
+                self.opt.zero_grad(set_to_none=False)
+                loss.backward()
+                self.opt.step()
+                rec = self.hook.end_step() or {}
+                s.step += 1
+                s.last_loss = float(loss)
+                step_time = time.perf_counter() - t0
+                s.train_time = time.perf_counter() - start - s.eval_seconds
+                self.timeline.add(
+                    time=round(s.train_time, 4), step=s.step, epoch=s.epoch, loss=round(s.last_loss, 5),
+                    ratio=rec.get("density"), bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
+                    compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
+                    est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
+                    link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
+                    accuracy=None)
+                end_of_epoch = i == len(batches) - 1
+                if self._eval_due(s.step, end_of_epoch) or s.step == max_steps:
+                    self._evaluate()
+                if self.rank == 0 and time.perf_counter() - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = time.perf_counter()
+                    self._progress(max_steps, samples_per_step)
+                if s.step >= max_steps:
+                    break
+                if s.step % SYNC_EVERY == 0 or self._eval_due(s.step, end_of_epoch):
+                    if self._agree_stop():
+                        stop = True
+                        break
+            s.epoch += 1
+        if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
+            self._evaluate()
+        return self._result(samples_per_step, time.perf_counter() - start)
+
+    def _progress(self, max_steps: int, samples_per_step: int) -> None:
+        s = self.state
+        recent = self.timeline.rows[-20:]
+        dt = recent[-1]["time"] - recent[0]["time"] if len(recent) > 1 else 0
+        sps = samples_per_step * (len(recent) - 1) / dt if dt > 0 else 0.0
+        last = self.timeline.rows[-1]
+        emit("progress", step=s.step, max_steps=max_steps if max_steps < 10**12 else None, epoch=s.epoch,
+             loss=round(s.last_loss, 4), samples_per_s=round(sps, 1), density=last["ratio"],
+             rate_mbit=last["link_rate_mbit"], accuracy=s.final_accuracy, time=round(s.train_time, 2))
+
+    def _result(self, samples_per_step: int, wall: float) -> dict:
+        s = self.state
+        hist = self.hook.telemetry()
+        wire = sum(h["wire_bytes"] for h in hist)
+        comm = sum(h["comm_seconds"] for h in hist)
+        link = None
+        if self.profile is not None and self.profile_epoch is not None:
+            t_end = time.time() - self.profile_epoch
+            link = self.profile.mean_rate(t_end - wall, t_end) / 1e6
+        return {
+            "job": self.job.name,
+            "method": self.job.compression["method"],
+            "workers": self.world,
+            "model": self.t["model"],
+            "dataset": self.t["dataset"],
+            "status": "Succeeded",
+            "throughput_samples_per_s": round(self.timeline.steady_throughput(samples_per_step), 3),
+            "wall_seconds": round(wall, 3),
+            "train_seconds": round(s.train_time, 3),
+            "steps": s.step,
+            "epochs": round(s.step / max(1, len(self.batches)), 3),
+            "best_accuracy": s.best_accuracy,
+            "final_accuracy": s.final_accuracy,
+            "target_accuracy": self.t.get("targetAccuracy"),
+            "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
+            "final_loss": round(s.last_loss, 5),
+            "mean_ratio": round(sum(h["density"] for h in hist) / len(hist), 6) if hist else 1.0,
+            "bytes_sent_per_worker": int(wire),
+            "wire_goodput_mbit": round(wire * 8 / comm / 1e6, 3) if comm > 0 else None,
+            "comm_seconds": round(comm, 3),
+            "selection_ms_mean": round(1e3 * sum(h["selection_seconds"] for h in hist) / max(1, len(hist)), 3),
+            "link_mean_rate_mbit": None if link is None else round(link, 3),
+            "backend": self.backend,
+            "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
+        }
+
+
+def _mbit(bytes_per_s: float | None) -> float | None:
+    return None if not bytes_per_s else round(bytes_per_s * 8 / 1e6, 3)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if not seconds else round(seconds * 1e3, 3)
+
+
+def worker_main() -> int:
+    """`netsense worker`: train as configured by the environment; exit 0/1."""
+    try:
+        doc = json.loads(os.environ["NETSENSE_JOB"])
+        job = parse_spec(doc["spec"], doc.get("metadata", {}).get("name", "job"))
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError) as e:
+        print(f"netsense worker: bad environment: {e}", file=sys.stderr)
+        return 2
+    epoch = os.environ.get("NETSENSE_PROFILE_EPOCH")
+    trainer = Trainer(job, rank, world, float(epoch) if epoch else None)
+    try:
+        trainer.setup()
+        result = trainer.train()
+    except Exception as e:  # report one line, then fail the pod / process
+        print(f"netsense worker rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        _write_termination(f"rank {rank}: {type(e).__name__}: {e}"[:4000])
+        return 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    if rank == 0:
+        out = os.environ.get("NETSENSE_OUT")
+        if out:
+            os.makedirs(out, exist_ok=True)
+            trainer.timeline.write_csv(os.path.join(out, "timeline.csv"))
+            write_result(out, result)
+        _write_termination(compact({k: v for k, v in result.items() if k != "accuracy_curve"}))
+        emit("result", **result)
+    return 0
+
+
+def _write_termination(text: str) -> None:
+    path = os.environ.get("NETSENSE_RESULT_PATH")
+    if path:
+        try:
+            with open(path, "w") as fh:
+                fh.write(text)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
+
