@@ -1,0 +1,171 @@
+"""Shaping accuracy and lifecycle, measured with real TCP bulk transfers between
+namespaced hosts (root only; counted at the receiver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from netsense.shaping.profiles import build_profile
+from netsense.shaping.tc import NO_NETEM, qdiscs
+from netsense.testbed import cluster as cl
+from netsense.testbed.cluster import LocalCluster, kernel_has_netem, list_namespaces
+
+pytestmark = pytest.mark.root
+
+
+def ours() -> list[str]:
+    return [ns for ns in list_namespaces() if ns.startswith(cl.PREFIX)]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    before = set(ours())
+    yield
+    assert set(ours()) - before == set(), "namespaces left behind"
+
+
+def bulk(c: LocalCluster, seconds: float, port: int = 5001) -> dict:
+    recv = c.spawn(1, [sys.executable, "-m", "netsense.testbed.bulk", "recv", str(port), str(seconds + 10)],
+                   stdout=subprocess.PIPE)
+    time.sleep(0.3)
+    send = c.spawn(0, [sys.executable, "-m", "netsense.testbed.bulk", "send", c.address(1), str(port), str(seconds)])
+    out = json.loads(recv.communicate(timeout=seconds + 30)[0])
+    send.wait(timeout=10)
+    return out
+
+
+def rate_between(out: dict, t0: float, t1: float) -> float:
+    """bits/s received between t0 and t1 (seconds since the receiver's start)."""
+    b = out["bins"][int(t0 / out["bin_s"]):int(t1 / out["bin_s"])]
+    return sum(b) * 8 / (len(b) * out["bin_s"])
+
+
+@pytest.mark.parametrize("rate", ["10Mbit", "50Mbit", "200Mbit", "1000Mbit"])
+def test_static_rate_is_achieved_within_10_percent(rate):
+    profile = build_profile({"type": "static", "rate": rate})
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        out = bulk(c, 4)
+    got = rate_between(out, 0.8, 3.6)
+    assert 0.9 <= got / profile.rate_at(0) <= 1.1, f"{rate}: measured {got / 1e6:.1f} Mbit/s"
+
+
+def test_a_scheduled_change_binds_within_half_a_second():
+    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        epoch = c.epoch
+        out = bulk(c, 6)
+    change_at = epoch + 3.0
+    # Bins are relative to the receiver's start; find the first bin that runs at the new rate.
+    bins = out["bins"]
+    start = out["start"]
+    threshold = 0.5 * (200e6 + 20e6) / 8 * out["bin_s"]
+    first_low = next(i for i, b in enumerate(bins) if i * out["bin_s"] + start > epoch + 1 and b < threshold)
+    delay = start + first_low * out["bin_s"] - change_at
+    assert delay <= 0.5, f"the change bound {delay:.2f}s after its time"
+    assert rate_between(out, first_low * 0.1 + 0.5, first_low * 0.1 + 2.0) == pytest.approx(20e6, rel=0.1)
+
+
+def test_the_step_decline_2000_to_200_is_followed_step_by_step():
+    every = 1.5
+    profile = build_profile({"type": "steps", "from": "2000Mbit", "to": "200Mbit", "by": "200Mbit",
+                             "every": f"{every}s"})
+    assert len(profile.points) == 10
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        epoch = c.epoch
+        out = bulk(c, every * 10 + 0.5)
+    offset = out["start"] - epoch
+    for i, (t, bps) in enumerate(profile.points):
+        got = rate_between(out, t - offset + 0.5, t - offset + every - 0.2)
+        assert 0.9 <= got / bps <= 1.1, f"step {i} ({bps / 1e6:.0f} Mbit): measured {got / 1e6:.1f}"
+
+
+def test_direction_both_shapes_the_downlink_too():
+    profile = build_profile({"type": "static", "rate": "50Mbit"})
+    with LocalCluster(2, profile, direction="both", shaping_log=open(os.devnull, "w")) as c:
+        assert "htb" in qdiscs("h1", c.bridge_ns)
+        assert "htb" in qdiscs("eth0", c.host_ns(1))
+
+
+def test_two_clusters_coexist_and_are_isolated():
+    with LocalCluster(2) as a, LocalCluster(2) as b:
+        assert not set(a.namespaces) & set(b.namespaces)
+        assert a.address(0) == b.address(0)  # same addresses, separate networks
+
+
+def test_cleanup_after_an_exception_inside_the_cluster():
+    with pytest.raises(RuntimeError), LocalCluster(2, build_profile({"type": "static", "rate": "10Mbit"}),
+                                                   shaping_log=open(os.devnull, "w")) as c:
+        c.spawn(0, ["sleep", "60"])
+        raise RuntimeError("boom")
+    assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode != 0
+
+
+def test_testbed_clean_removes_what_a_killed_run_left():
+    code = ("from netsense.testbed.cluster import LocalCluster; import time; "
+            "c = LocalCluster(2).__enter__(); print(c.id, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    run_id = proc.stdout.readline().strip()
+    left = [ns for ns in ours() if run_id in ns]
+    assert len(left) == 3
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    removed = cl.clean()
+    assert set(left) <= set(removed)
+
+
+def test_netem_profiles_fail_clearly_or_add_delay():
+    profile = build_profile({"type": "static", "rate": "100Mbit", "delay": "20ms"})
+    if not kernel_has_netem():
+        before = set(list_namespaces())
+        with pytest.raises(cl.TestbedError, match="no netem"):
+            LocalCluster(2, profile).__enter__()
+        assert set(list_namespaces()) == before, "created something before failing"
+        assert NO_NETEM.startswith("this kernel has no netem")
+        return
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        code = ("import socket,time,sys; t=time.perf_counter(); "
+                f"socket.create_connection(('{c.address(1)}', 9)).close() if False else None; "
+                f"s=socket.socket(); s.settimeout(5); t=time.perf_counter(); s.connect_ex(('{c.address(1)}', 9)); "
+                "print(time.perf_counter()-t)")
+        out = subprocess.run(["ip", "netns", "exec", c.host_ns(0), sys.executable, "-c", code],
+                             capture_output=True, text=True, check=True).stdout
+        assert float(out) >= 0.018  # SYN -> RST round trip crosses the delayed egress
+
+
+def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
+    ns = f"{cl.PREFIX}shape-test"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0"], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        profile = tmp_path / "p.yaml"
+        profile.write_text("type: steps\nsteps: [{at: 0s, rate: 100Mbit}, {at: 1s, rate: 30Mbit}]\n")
+        ready = tmp_path / "ready"
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "netsense", "shape", "--dev",
+                                 "eth0", "--profile", str(profile), "--direction", "both",
+                                 "--ready-file", str(ready)], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists()
+        assert "htb" in qdiscs("eth0", ns) and "ingress" in qdiscs("eth0", ns)
+        assert "htb" in qdiscs("ifb-eth0", ns)
+        time.sleep(1.6)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 143
+        events = [json.loads(line) for line in out.splitlines()]
+        assert [e["rate"] for e in events if "rate" in e] == ["100Mbit", "30Mbit"]
+        assert events[-1]["event"] == "unshaped"
+        assert "htb" not in qdiscs("eth0", ns) and "ingress" not in qdiscs("eth0", ns)
+        links = subprocess.run(["ip", "-n", ns, "link"], capture_output=True, text=True).stdout
+        assert "ifb-eth0" not in links
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
