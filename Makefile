@@ -1,0 +1,60 @@
+# netsense: make run (the quick job), make test (the whole suite), make lint.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# The CUDA build of torch from PyPI is several GB; pip's cache (~/.cache/pip) keeps
+# later installs offline-fast.
+PIP_FLAGS ?= --disable-pip-version-check
+
+.PHONY: help venv run test test-fast lint fmt envtest manifests kind-e2e bench clean
+
+help:
+	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated testbed (root)"
+	@echo "make test       set up .venv and the envtest control plane, then run every test"
+	@echo "make test-fast  unit tests only (no root, no API server)"
+	@echo "make lint       ruff"
+	@echo "make envtest    build kube-apiserver, etcd and kwok into ~/.cache/netsense/envtest"
+	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
+	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
+	@echo "make kind-e2e   kind cluster end to end (needs Docker and kind)"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(PIP_FLAGS) -q --upgrade pip
+	$(BIN)/pip install $(PIP_FLAGS) -q -e '.[train,operator,dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+run: venv
+	$(BIN)/netsense run samples/quick.yaml --out runs/quick
+
+envtest:
+	@bash testbed/envtest/build.sh >/dev/null
+
+test: venv envtest
+	KUBEBUILDER_ASSETS=$$(bash testbed/envtest/build.sh) $(BIN)/pytest -q -ra
+
+test-fast: venv
+	$(BIN)/pytest -q -m "not root and not apiserver"
+
+lint: venv
+	$(BIN)/ruff check netsense tests testbed operator
+
+fmt: venv
+	$(BIN)/ruff check --fix netsense tests testbed operator
+
+manifests: venv
+	$(BIN)/netsense crd > manifests/base/crd.yaml
+
+bench: venv
+	$(BIN)/netsense bench testbed/grids/ci.yaml --out runs/bench-ci
+
+kind-e2e:
+	bash testbed/kind/e2e.sh
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache
+	-$(BIN)/netsense testbed clean

@@ -1,0 +1,110 @@
+"""Ratio policies: the paper's AIMD and our overlap controller (pure, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from netsense.control.policies import (
+    OverlapController,
+    PaperAIMD,
+    StepMeasurement,
+    dense_allreduce_bytes,
+    sparse_allgather_bytes,
+)
+from netsense.control.sensing import BottleneckEstimator
+
+
+def m(payload, seconds, compute=0.1, norm=1.0, wire=None):
+    return StepMeasurement(wire if wire is not None else payload, payload, seconds, compute, norm)
+
+
+def test_estimator_is_windowed_max_bandwidth_and_min_rtt():
+    e = BottleneckEstimator(window=3)
+    for b, s in [(100, 1.0), (400, 2.0), (50, 0.5), (60, 1.0)]:
+        e.observe(b, s)
+    assert e.bandwidth == 200 and e.rtt == 0.5 and e.bdp == 100  # (100,1.0) fell out of the window
+
+
+def test_aimd_decreases_multiplicatively_when_payload_exceeds_fraction_of_bdp():
+    p = PaperAIMD(initial=0.4, startup=False, quantize=False, alpha=0.5, fraction=0.9)
+    p.update(m(1000, 1.0))  # BDP = 1000: 1000 > 900
+    assert p.ratio == pytest.approx(0.2)
+
+
+def test_aimd_increases_additively_below_the_bdp():
+    p = PaperAIMD(initial=0.1, startup=False, quantize=False, beta=0.01)
+    p.update(m(10_000, 1.0))  # BDP = 10000 = payload > 0.9 BDP: decrease to 0.05
+    p.update(m(500, 0.5))  # EBB 1000/s; BtlBw 10000, RTprop 0.5 -> BDP 5000 > 500/0.9: increase
+    assert p.ratio == pytest.approx(0.05 + 0.01)
+
+
+def test_aimd_clamps_and_startup_doubles_until_first_decrease():
+    p = PaperAIMD(initial=0.01, startup=True, quantize=False, max_ratio=0.05, min_ratio=0.02)
+    p.update(m(1, 1.0))  # payload == BDP: decrease, which ends start-up; clamped at min_ratio
+    assert p.ratio == 0.02 and not p.in_startup
+    r = PaperAIMD(initial=0.01, startup=True, quantize=False, max_ratio=0.05)
+    r.sensor.observe(1_000_000, 1.0)  # a large known BDP
+    r.update(m(10, 0.5))
+    assert r.ratio == pytest.approx(0.02) and r.in_startup  # doubled, not +beta
+    r.update(m(10, 0.5))
+    r.update(m(10, 0.5))
+    assert r.ratio == 0.05  # clamped at max_ratio
+
+
+def test_quantization_gate_doubles_the_ratio():
+    p = PaperAIMD(initial=0.05, trq=0.1, trd=0.5)
+    p.grad_norm = 1.0
+    d = p.decide()
+    assert d.fp16 and d.density == pytest.approx(0.1) and not d.dense
+    assert d.prune == pytest.approx(0.5 * (1 - 0.05))
+    p.grad_norm = 0.1  # below trd: no quantization
+    assert not p.decide().fp16
+    p.ratio = 0.2  # above trq
+    p.grad_norm = 1.0
+    assert not p.decide().fp16
+
+
+def test_overlap_sends_dense_when_the_gradient_fits_in_compute_time():
+    n, world = 1_000_000, 2
+    c = OverlapController(n, world, budget=1.0)
+    assert c.decide().dense  # nothing measured yet: dense, which also measures the link
+    fast = 1e9 / 8  # bytes/s
+    c.update(m(0, 1.0, compute=0.1, wire=fast * 1.0))
+    d = c.decide()
+    assert d.dense and not d.fp16  # 4 MB in 0.1 s at 1 Gbit/s fits
+
+
+def test_overlap_compresses_just_enough_when_the_link_is_slow():
+    n, world = 10_000_000, 2
+    c = OverlapController(n, world, budget=0.5, probe_every=1000)
+    bw = 20e6 / 8  # 20 Mbit/s
+    c.update(m(0, 1.0, compute=0.2, wire=bw))
+    d = c.decide()
+    assert not d.dense and d.fp16
+    sent = sparse_allgather_bytes(int(d.density * n), world, fp16=True)
+    assert sent == pytest.approx(0.5 * 0.2 * bw, rel=0.01)
+
+
+def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
+    n, world = 10_000_000, 2
+    c = OverlapController(n, world, budget=0.5, probe_every=1000)
+    for _ in range(5):
+        c.update(m(0, 1.0, compute=0.2, wire=200e6 / 8))
+    high = c.decide().density
+    for step in range(3):
+        c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
+    assert c.decide().density == pytest.approx(high / 10, rel=0.01)
+
+
+def test_overlap_picks_the_cheaper_collective():
+    # 64 workers: a sparse all_gather costs (N-1) x k x 6 bytes, the ring allreduce ~4n
+    # whatever N. At a 5% density floor, sparse would cost 5x the dense fp16 allreduce.
+    n, world = 1_000_000, 64
+    c = OverlapController(n, world, budget=1.0, min_density=0.05, probe_every=1000)
+    c.update(m(0, 1.0, compute=0.1, wire=1e6))  # a slow link: the budget is tiny
+    assert sparse_allgather_bytes(int(0.05 * n), world, True) > dense_allreduce_bytes(n, world, True)
+    d = c.decide()
+    assert d.dense and d.fp16
+    few = OverlapController(n, 2, budget=1.0, min_density=0.05, probe_every=1000)
+    few.update(m(0, 1.0, compute=0.1, wire=1e6))
+    assert not few.decide().dense  # with 2 workers sparse at 5% is far cheaper

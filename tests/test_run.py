@@ -1,0 +1,142 @@
+"""`netsense run` end to end on the emulated cluster (root), and its input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from netsense.testbed import cluster as cl
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETSENSE = [sys.executable, "-m", "netsense"]
+RESULT_KEYS = {"job", "method", "workers", "model", "dataset", "status", "throughput_samples_per_s",
+               "wall_seconds", "steps", "best_accuracy", "final_accuracy", "target_accuracy",
+               "time_to_accuracy_s", "mean_ratio", "bytes_sent_per_worker", "link_mean_rate_mbit"}
+
+
+def ours() -> list[str]:
+    return [ns for ns in cl.list_namespaces() if ns.startswith(cl.PREFIX)]
+
+
+def workers_alive() -> bool:
+    return subprocess.run(["pgrep", "-f", "netsense worker"], capture_output=True).returncode == 0
+
+
+def job(**spec) -> dict:
+    base = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 30, "hiddenSize": 64},
+            "compression": {"method": "topk", "density": 0.1},
+            "network": {"profile": {"type": "static", "rate": "100Mbit"}}}
+    for k, v in spec.items():
+        base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
+    return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "t"}, "spec": base}
+
+
+def write(tmp_path, doc, name="job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("doc, field", [
+    ("spec: [unclosed", "not valid YAML"),
+    ({"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "spec": {}}, "metadata.name"),
+    (job(workers=-1), "spec.workers"),
+    (job(training={"model": "transformer9000"}), "spec.training.model"),
+    (job(compression={"method": "zip"}), "spec.compression.method"),
+    (job(network={"profile": {"type": "static", "rate": "fast"}}), "spec.network.profile.rate"),
+    (job(training={"dataset": "cifar10", "dataPath": "/nonexistent/cifar"}), "spec.training.dataPath"),
+])
+def test_bad_input_is_one_line_naming_the_field_exit_2_nothing_created(tmp_path, doc, field):
+    before = set(ours())
+    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert set(ours()) == before
+
+
+def test_validate_lists_every_error(tmp_path):
+    doc = job(workers=0, training={"model": "nope", "batchSize": "big"})
+    proc = subprocess.run([*NETSENSE, "validate", write(tmp_path, doc)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    for f in ("spec.workers", "spec.training.model", "spec.training.batchSize"):
+        assert f in proc.stderr
+
+
+@pytest.mark.root
+def test_quick_sample_runs_and_writes_results(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([*NETSENSE, "run", os.path.join(REPO, "samples", "quick.yaml"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert RESULT_KEYS <= set(result)
+    assert result["status"] == "Succeeded" and result["workers"] == 2
+    assert result["best_accuracy"] >= 0.85  # real digits, real learning
+    assert result["link_mean_rate_mbit"] == pytest.approx(50.0)
+    header = (out / "timeline.csv").read_text().splitlines()[0].split(",")
+    for col in ("time", "step", "loss", "ratio", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit"):
+        assert col in header
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert not ours() and not workers_alive()
+
+
+@pytest.mark.root
+def test_resnet18_at_200mbit_the_shaping_binds(tmp_path):
+    doc = job(training={"model": "resnet18", "dataset": "synthetic", "batchSize": 16, "maxSteps": 5,
+                        "syntheticSamples": 256, "syntheticClasses": 100},
+              compression={"method": "allreduce"},
+              network={"profile": {"type": "static", "rate": "200Mbit"}})
+    out = tmp_path / "out"
+    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((out / "result.json").read_text())
+    assert r["mean_ratio"] == pytest.approx(1.0)
+    assert r["bytes_sent_per_worker"] >= 5 * 44e6  # ResNet18-CIFAR100: 11.2M fp32 gradients per step
+    assert r["wire_goodput_mbit"] <= 200 * 1.05, r
+    assert r["wire_goodput_mbit"] >= 200 * 0.7, r
+
+
+@pytest.mark.root
+def test_a_failing_worker_fails_the_run_with_its_reason(tmp_path):
+    # batch 2000 x 2 workers exceeds the 1437 digits training samples: every attempt fails.
+    doc = job(training={"batchSize": 2000}, runPolicy={"backoffLimit": 1})
+    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "spec.training.batchSize" in proc.stderr.strip().splitlines()[-1]
+    assert "restarting the gang (1/1)" in proc.stderr
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["status"] == "Failed"
+    assert not ours() and not workers_alive()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupting_a_run_leaves_nothing_behind(tmp_path, sig, code):
+    doc = job(training={"maxSteps": 100000}, network={"profile": {"type": "steps", "from": "100Mbit",
+                                                                   "to": "10Mbit", "by": "10Mbit", "every": "1s"}})
+    proc = subprocess.Popen([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events = tmp_path / "o" / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
+        time.sleep(0.2)
+    assert events.exists(), "the run never made progress"
+    assert len([ns for ns in ours()]) >= 3 and workers_alive()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "cleaned up" in err
+    assert not ours(), "namespaces left behind"
+    time.sleep(0.5)
+    assert not workers_alive(), "worker processes left behind"

@@ -1,0 +1,134 @@
+"""The NetSenseJob model, units and profiles (pure unit tests, no root)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import yaml
+
+from netsense import units
+from netsense.shaping.profiles import build_profile
+from netsense.spec import SpecError, load_job, parse_job
+from netsense.spec.crd import crd
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def doc(**spec):
+    return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "j"}, "spec": spec}
+
+
+@pytest.mark.parametrize("text, bps", [("200Mbit", 200e6), ("1Gbit", 1e9), ("500kbit", 5e5), ("1.5gbit", 1.5e9)])
+def test_rates_are_bits_per_second(text, bps):
+    assert units.parse_rate(text) == bps
+
+
+@pytest.mark.parametrize("text, why", [("fast", "not a rate"), ("200Mbps", "ambiguous"), ("0Mbit", "greater"),
+                                       (200, "string"), ("10 furlongs", "unknown rate unit")])
+def test_bad_rates_say_why(text, why):
+    with pytest.raises(units.UnitError, match=why):
+        units.parse_rate(text)
+
+
+def test_durations_and_percent():
+    assert units.parse_duration("2m") == 120 and units.parse_duration("500ms") == 0.5
+    assert units.parse_duration(30) == 30
+    assert units.parse_fraction_or_percent("0.1%") == pytest.approx(0.001)
+    assert units.format_rate(200e6) == "200Mbit" and units.format_rate(1e9) == "1Gbit"
+
+
+def test_defaults_are_filled():
+    job = parse_job(doc())
+    assert job.workers == 2
+    assert job.training["epochs"] == 1 and job.training["batchSize"] == 32
+    assert job.compression["method"] == "allreduce" and job.compression["errorFeedback"] is True
+    assert job.run_policy["backoffLimit"] == 2
+    assert job.network["direction"] == "egress"
+
+
+def test_every_error_is_reported_with_its_path():
+    with pytest.raises(SpecError) as e:
+        parse_job(doc(workers="two", training={"lr": -1, "optimizer": "lion"}, compression={"density": 0},
+                      network={"profile": {"type": "steps", "from": "1Gbit"}}))
+    paths = {i.path for i in e.value.issues}
+    assert {"spec.workers", "spec.training.lr", "spec.training.optimizer", "spec.compression.density",
+            "spec.network.profile"} <= paths
+
+
+@pytest.mark.parametrize("profile, message", [
+    ({"type": "warp"}, "unknown or missing type"),
+    ({"type": "static"}, "required"),
+    ({"type": "steps", "steps": [{"at": "5s", "rate": "1Gbit"}]}, "first step must be at 0s"),
+    ({"type": "steps", "steps": [{"at": 0, "rate": "1Gbit"}, {"at": 0, "rate": "2Gbit"}]}, "increasing"),
+    ({"type": "fluctuating", "min": "1Gbit", "max": "100Mbit"}, "must not exceed max"),
+    ({"type": "trace"}, "either 'file'"),
+    ({"type": "static", "rate": "1Gbit", "loss": "150%"}, "between 0% and 100%"),
+])
+def test_bad_profiles(profile, message):
+    with pytest.raises(SpecError, match=message):
+        parse_job(doc(network={"profile": profile}))
+
+
+def test_step_generator_and_listed_steps():
+    p = build_profile({"type": "steps", "from": "2000Mbit", "to": "200Mbit", "by": "200Mbit", "every": "60s"})
+    assert [r / 1e6 for _, r in p.points] == [2000 - 200 * i for i in range(10)]
+    assert p.rate_at(59.9) == 2000e6 and p.rate_at(60) == 1800e6 and p.rate_at(1e6) == 200e6
+    assert p.next_change(0) == 60 and p.next_change(540) is None
+
+
+def test_fluctuating_is_reproducible_from_the_seed_and_bounded():
+    spec = {"type": "fluctuating", "min": "100Mbit", "max": "1Gbit", "period": "30s", "seed": 7}
+    a, b = build_profile(spec), build_profile(spec)
+    c = build_profile({**spec, "seed": 8})
+    assert a.points[:50] == b.points[:50] != c.points[:50]
+    assert all(100e6 <= r <= 1e9 for _, r in a.points)
+    sine = build_profile({**spec, "shape": "sine"})
+    assert max(r for _, r in sine.points) == pytest.approx(1e9, rel=1e-3)
+
+
+def test_looped_trace_and_mean_rate(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("t,rate\n0,100Mbit\n10,300Mbit\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc(network={"profile": {"type": "trace", "file": "trace.csv", "loop": True}})))
+    job = load_job(str(path))
+    assert "points" in job.network["profile"] and "file" not in job.network["profile"]
+    p = build_profile(job.network["profile"])
+    assert p.rate_at(25) == 100e6 and p.rate_at(35) == 300e6  # period 20 s
+    assert p.mean_rate(0, 20) == pytest.approx(200e6)
+
+
+def test_missing_trace_file_names_the_field(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc(network={"profile": {"type": "trace", "file": "nope.csv"}})))
+    with pytest.raises(SpecError, match="spec.network.profile.file"):
+        load_job(str(path))
+
+
+def test_samples_validate():
+    files = glob.glob(os.path.join(REPO, "samples", "*.yaml"))
+    assert files
+    for f in files:
+        load_job(f)
+
+
+def test_crd_schema_follows_the_spec_model():
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    from netsense.spec.job import COMPRESSION, SPEC, TRAINING
+
+    assert set(schema["properties"]) == set(SPEC.fields)
+    assert set(schema["properties"]["training"]["properties"]) == set(TRAINING.fields)
+    comp = schema["properties"]["compression"]["properties"]
+    assert set(comp) == set(COMPRESSION.fields)
+    assert comp["method"]["enum"] == list(COMPRESSION.fields["method"].node.enum)
+    assert comp["density"]["maximum"] == 1
+    profile = schema["properties"]["network"]["properties"]["profile"]
+    assert set(profile["properties"]["type"]["enum"]) == {"static", "steps", "fluctuating", "trace"}
+    assert any("has(self.rate)" in r["rule"] for r in profile["x-kubernetes-validations"])
+
+
+def test_manifest_crd_is_the_generated_one():
+    with open(os.path.join(REPO, "manifests", "base", "crd.yaml")) as fh:
+        assert yaml.safe_load(fh) == crd(), "run `make manifests` to regenerate manifests/base/crd.yaml"
