@@ -15,3 +15,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """etcd + kube-apiserver (envtest-style), with the NetSenseJob CRD installed."""
+    from netsense.testbed.envtest import ControlPlane, EnvtestError, binaries_dir, install_crd
+
+    try:
+        bins = binaries_dir(build=True)
+    except EnvtestError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the API-server tests, but the binaries are missing: {e}")
+        pytest.skip(f"no envtest binaries (make envtest): {e}")
+    with ControlPlane(bins, log_dir=str(tmp_path_factory.mktemp("envtest-logs"))) as cp:
+        install_crd(cp.kubeconfig)
+        cp.bin_dir = bins
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane):
+    from kube import Kube
+
+    return Kube(control_plane.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(control_plane, kube):
+    """The operator's identity: a ServiceAccount token with exactly manifests/base/rbac.yaml."""
+    from kube import REPO
+
+    kube.apply_file(os.path.join(REPO, "manifests", "base", "namespace.yaml"))
+    kube.apply_file(os.path.join(REPO, "manifests", "base", "rbac.yaml"))
+    return control_plane.token_kubeconfig("netsense-operator", "netsense-system")
+
+
+@pytest.fixture(scope="session")
+def operator(operator_kubeconfig, tmp_path_factory):
+    from kube import OperatorProcess
+
+    op = OperatorProcess(operator_kubeconfig, str(tmp_path_factory.mktemp("operator") / "operator.log")).start()
+    yield op
+    op.stop()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from distutil import run_world
+
 from netsense.compression import validate_config
 from netsense.compression.selection import topk_indices
 from netsense.spec import SpecError

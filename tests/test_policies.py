@@ -91,7 +91,7 @@ def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
     for _ in range(5):
         c.update(m(0, 1.0, compute=0.2, wire=200e6 / 8))
     high = c.decide().density
-    for step in range(3):
+    for _ in range(3):
         c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
     assert c.decide().density == pytest.approx(high / 10, rel=0.01)
 

@@ -175,11 +175,12 @@ class Unit(Node):
 
     def openapi(self):
         _, pattern = self._PARSERS[self.kind]
-        if self.kind == "rate":
-            return self._described({"type": "string", "pattern": pattern})
-        # Durations may be bare seconds, percentages bare fractions.
-        return self._described({"x-kubernetes-int-or-string": True, "anyOf": [
-            {"type": "integer"}, {"type": "string", "pattern": pattern}]})
+        if self.kind == "duration":
+            # '30s' or whole seconds; a structural schema cannot put a pattern on the
+            # string branch of int-or-string, so the operator checks the text.
+            return self._described({"x-kubernetes-int-or-string": True})
+        # Rates and percentages are strings in a cluster ('200Mbit', '0.1%').
+        return self._described({"type": "string", "pattern": pattern})
 
 
 @dataclass
@@ -267,7 +268,9 @@ class Obj(Node):
         props = {}
         for name, f in self.fields.items():
             s = f.node.openapi()
-            if f.default is not MISSING and not callable(f.default):
+            if f.default is dict:
+                s["default"] = {}  # so the API server also fills the sub-object's own defaults
+            elif f.default is not MISSING and not callable(f.default):
                 s["default"] = f.default
             props[name] = s
         s: dict = {"type": "object", "properties": props}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the operator tests run against (the way
-# controller-runtime's envtest runs them): kube-apiserver, etcd and kwok, from Go
-# modules, CGO off, with version ldflags. Prints the directory holding them.
+# controller-runtime's envtest runs them): kube-apiserver, etcd and kwok, plus
+# kubectl to render kustomizations; from Go modules, CGO off, with version
+# ldflags. Prints the directory holding them.
 #
 # Why wrapper modules: k8s.io/kubernetes's go.mod requires its staging modules
 # (k8s.io/api, k8s.io/apiserver, ...) at v0.0.0 and points them at ./staging with
@@ -19,14 +20,15 @@ K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 
-if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" ]]; then
+if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" \
+      && -x "$KUBEBUILDER_ASSETS/kubectl" ]]; then
   echo "$KUBEBUILDER_ASSETS"
   exit 0
 fi
 
 cache=${NETSENSE_CACHE:-$HOME/.cache/netsense}/envtest/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}
 bin=$cache/bin
-if [[ -x $bin/kube-apiserver && -x $bin/etcd && -x $bin/kwok ]]; then
+if [[ -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd && -x $bin/kwok ]]; then
   echo "$bin"
   exit 0
 fi
@@ -50,12 +52,16 @@ build_kube_apiserver() {
   # Every staging module is required at v0.0.0 upstream: map each to its release.
   grep -oE '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$gomod" | awk '{print $1}' | sort -u |
     while read -r m; do go mod edit -replace="$m=$m@$staging"; done
-  log "building kube-apiserver $K8S_VERSION"
-  local pkg=k8s.io/component-base/version
-  go build -trimpath -o "$bin/kube-apiserver" -ldflags "-s -w \
-    -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
-    -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
-    k8s.io/kubernetes/cmd/kube-apiserver
+  local pkg=k8s.io/component-base/version cmd
+  # kubectl comes from the same module graph: the tests render kustomizations with it.
+  for cmd in kube-apiserver kubectl; do
+    [[ -x $bin/$cmd ]] && continue
+    log "building $cmd $K8S_VERSION"
+    go build -trimpath -o "$bin/$cmd" -ldflags "-s -w \
+      -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
+      -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
+      "k8s.io/kubernetes/cmd/$cmd"
+  done
 }
 
 build_etcd() {
@@ -78,7 +84,7 @@ build_kwok() {
 }
 
 [[ -x $bin/etcd ]] || build_etcd
-[[ -x $bin/kube-apiserver ]] || build_kube_apiserver
+[[ -x $bin/kube-apiserver && -x $bin/kubectl ]] || build_kube_apiserver
 [[ -x $bin/kwok ]] || build_kwok
 log "done: $bin"
 echo "$bin"

@@ -1,0 +1,10 @@
+# The operator image: kopf and the Kubernetes client, no torch (~150 MB).
+# docker build -f images/operator.Dockerfile -t netsense/operator:dev .
+FROM python:3.11.11-slim-bookworm
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY netsense ./netsense
+RUN pip install --no-cache-dir '.[operator]' && rm -rf /src
+WORKDIR /
+USER 65532:65532
+CMD ["netsense", "operator"]

@@ -1,0 +1,16 @@
+# The worker image, CPU: trainer (`netsense worker`) and shaping sidecar (`netsense shape`).
+# Build from the repository root: docker build -f images/worker.Dockerfile -t netsense/worker:dev .
+FROM python:3.11.11-slim-bookworm
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iproute2 procps \
+ && rm -rf /var/lib/apt/lists/*
+# CPU wheels keep the image ~1 GB instead of several (PyPI's torch is the CUDA build).
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+      torch==2.14.1 torchvision==0.29.1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY netsense ./netsense
+RUN pip install --no-cache-dir '.[train]' && rm -rf /src
+WORKDIR /
+ENTRYPOINT []
+CMD ["netsense", "worker"]

@@ -1,0 +1,1 @@
+"""The NetSenseJob Kubernetes operator (kopf). Imports no torch: the operator image stays small."""

@@ -1,0 +1,229 @@
+"""The NetSenseJob operator's kopf handlers.
+
+- create/resume: validate (InvalidSpec -> Failed, no pods), then create the
+  rendezvous Service and the first gang of worker pods, idempotently (409s are
+  fine: a restarted operator creates nothing twice);
+- a timer reconciles every few seconds, level-triggered from what the API says:
+  pod phases -> job phase, a failed rank -> the whole gang restarts (up to
+  backoffLimit), activeDeadlineSeconds, rank 0's result -> status.result,
+  rank 0's progress lines -> status.progress, the profile's current step ->
+  status.network, ttlSecondsAfterFinished;
+- a spec change of a running job is refused with a condition, never half-applied:
+  pods keep being built from the spec recorded at creation (status.appliedSpec).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from netsense import units
+from netsense.kube import resources as res
+from netsense.kube import status as st
+from netsense.shaping.profiles import build_profile
+from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, parse_spec
+
+RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
+
+_core: client.CoreV1Api | None = None
+_custom: client.CustomObjectsApi | None = None
+
+
+def core() -> client.CoreV1Api:
+    global _core
+    if _core is None:
+        _core = client.CoreV1Api()
+    return _core
+
+
+def custom() -> client.CustomObjectsApi:
+    global _custom
+    if _custom is None:
+        _custom = client.CustomObjectsApi()
+    return _custom
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
+    settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
+    settings.execution.max_workers = 32
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 120
+
+
+def _create(kind: str, body: dict, namespace: str) -> None:
+    try:
+        if kind == "Service":
+            core().create_namespaced_service(namespace, body)
+        else:
+            core().create_namespaced_pod(namespace, body)
+    except ApiException as e:
+        if e.status != 409:  # already there: idempotent
+            raise kopf.TemporaryError(f"creating {kind} {body['metadata']['name']}: {e.reason}", delay=5) from e
+
+
+def _delete_pods(namespace: str, pods: list[dict]) -> None:
+    for pod in pods:
+        try:
+            core().delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=5)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def _list_pods(namespace: str, name: str, attempt: int | None = None) -> list[dict]:
+    selector = f"{res.LABEL_JOB}={name}" + (f",{res.LABEL_ATTEMPT}={attempt}" if attempt is not None else "")
+    pods = core().list_namespaced_pod(namespace, label_selector=selector).items
+    return [client.ApiClient().sanitize_for_serialization(p) for p in pods]
+
+
+def _create_gang(job: Job, namespace: str, uid: str, attempt: int, epoch: float) -> None:
+    for rank in range(job.workers):
+        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, epoch), namespace)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch,
+          logger: logging.Logger, **_) -> None:
+    if status.get("phase"):
+        return  # already started: the timer carries on (operator restart)
+    try:
+        job = parse_spec(copy.deepcopy(dict(spec)), name)
+    except SpecError as e:
+        patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=str(e), completionTime=st.now_iso(),
+                            conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", str(e)))
+        logger.warning(f"invalid spec: {e}")
+        return
+    profile = job.network.get("profile")
+    if profile and profile["type"] == "trace" and "file" in profile:
+        msg = "spec.network.profile.file: trace files cannot be read in a cluster; inline them as points"
+        patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=msg, completionTime=st.now_iso(),
+                            conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", msg))
+        return
+    epoch = time.time()
+    _create("Service", res.service(job, namespace, uid), namespace)
+    _create_gang(job, namespace, uid, 0, epoch)
+    patch.status.update(
+        phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(), profileEpoch=epoch,
+        appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
+        workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
+        conditions=st.set_condition(None, "Created", "True", "PodsCreated",
+                                    f"{job.workers} worker pod(s) and the rendezvous service created"))
+
+
+def _network_status(job: Job, epoch: float) -> dict | None:
+    profile = build_profile(job.network.get("profile"))
+    if profile is None:
+        return None
+    t = time.time() - epoch
+    return {"rate": units.format_rate(profile.rate_at(t)), "step": profile.index_at(t), "profile": job.network["profile"]["type"]}
+
+
+def _progress(namespace: str, pod: dict) -> dict | None:
+    try:
+        text = core().read_namespaced_pod_log(pod["metadata"]["name"], namespace, container="trainer", tail_lines=50)
+    except (ApiException, ValueError):
+        return None  # logs need a kubelet; progress is best effort
+    return st.last_progress(text or "")
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5)
+def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch,
+              logger: logging.Logger, **_) -> None:
+    phase = status.get("phase")
+    if phase in st.FINISHED:
+        _expire(name, namespace, status)
+        return
+    if phase is None or "appliedSpec" not in status:
+        return  # the create handler has not finished yet
+    job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
+    conditions = list(status.get("conditions") or [])
+    if st.spec_hash(dict(spec)) != status.get("specHash"):
+        conditions = st.set_condition(conditions, "SpecChangeRefused", "True", "Immutable",
+                                      "the spec of a started job cannot change; it keeps running as created "
+                                      "(delete and re-create the job to apply the change)")
+    attempt = int(status.get("attempt", 0))
+    pods = _list_pods(namespace, name, attempt)
+    by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
+    phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
+    counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
+    patch.status["workers"] = {"total": job.workers, **counts}
+    net = _network_status(job, float(status["profileEpoch"]))
+    if net:
+        patch.status["network"] = net
+
+    def finish(final_phase: str, reason: str, message: str, leftover: list[dict]) -> None:
+        _delete_pods(namespace, leftover)
+        patch.status.update(phase=final_phase, reason=reason, message=message, completionTime=st.now_iso(),
+                            conditions=st.set_condition(
+                                st.set_condition(conditions, "Running", "False", reason, message),
+                                final_phase, "True", reason, message))
+
+    deadline = job.run_policy.get("activeDeadlineSeconds")
+    if deadline and time.time() - st.parse_iso(status["startTime"]) > deadline:
+        finish(st.FAILED, "DeadlineExceeded", f"activeDeadlineSeconds ({deadline}s) exceeded", pods)
+        return
+
+    failed = sorted(r for r, p in phases.items() if p == "Failed")
+    missing = [r for r in range(job.workers) if r not in by_rank]
+    failure_text = ""
+    if failed:
+        failure_text = f"rank {failed[0]} failed: {st.failure_reason(by_rank[failed[0]])}"
+    elif missing and phase == st.RUNNING:
+        failure_text = f"the worker pod of rank {missing[0]} disappeared"
+    if failure_text:
+        restarts = int(status.get("restarts", 0))
+        if restarts < job.run_policy["backoffLimit"]:
+            _delete_pods(namespace, pods)
+            _create_gang(job, namespace, uid, attempt + 1, float(status["profileEpoch"]))
+            msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
+            logger.warning(msg)
+            patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING,
+                                conditions=st.set_condition(conditions, "Restarting", "True", "WorkerFailed", msg))
+        else:
+            finish(st.FAILED, "BackoffLimitExceeded",
+                   f"{failure_text} (backoffLimit {job.run_policy['backoffLimit']} reached)", pods)
+        return
+    if missing:
+        _create_gang(job, namespace, uid, attempt, float(status["profileEpoch"]))  # 409 for those present
+    if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
+        result = st.result_of(by_rank[0])
+        if result:
+            patch.status["result"] = result
+        finish(st.SUCCEEDED, "Completed", "training finished" + (
+            f": best accuracy {result.get('best_accuracy')}" if result else ""), [])
+        return
+    if counts["running"] + counts["succeeded"] == job.workers and counts["running"] > 0:
+        if phase != st.RUNNING:
+            conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
+                                          f"{job.workers} worker(s) running")
+        patch.status["phase"] = st.RUNNING
+        progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
+        if progress:
+            patch.status["progress"] = progress
+    patch.status["conditions"] = conditions
+
+
+def _expire(name: str, namespace: str, status: dict) -> None:
+    """ttlSecondsAfterFinished: delete the finished job (its pods go with it)."""
+    ttl = (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished")
+    done = status.get("completionTime")
+    if ttl is None or not done or time.time() - st.parse_iso(done) < ttl:
+        return
+    try:
+        custom().delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as e:
+        if e.status != 404:
+            raise

@@ -1,0 +1,129 @@
+"""The Kubernetes objects a NetSenseJob becomes (pure functions, no API calls).
+
+One headless Service (rendezvous at rank 0) and one Pod per rank per *attempt*:
+a gang restart deletes the attempt's pods and creates the next attempt's, so
+names never collide with pods still terminating. Every object is owned by the
+NetSenseJob (garbage-collected with it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from netsense.spec import API_VERSION, KIND, Job
+
+MASTER_PORT = 29500
+READY_FILE = "/tmp/netsense-shaped"
+LABEL_JOB = "netsense.dev/job"
+LABEL_ATTEMPT = "netsense.dev/attempt"
+LABEL_RANK = "netsense.dev/rank"
+
+
+def owner_reference(name: str, uid: str) -> dict:
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def service_name(job: str) -> str:
+    return f"{job}-rdzv"
+
+
+def pod_name(job: str, attempt: int, rank: int) -> str:
+    return f"{job}-a{attempt}-w{rank}"
+
+
+def labels(job: str, attempt: int | None = None, rank: int | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "netsense", "app.kubernetes.io/component": "worker", LABEL_JOB: job}
+    if attempt is not None:
+        out[LABEL_ATTEMPT] = str(attempt)
+    if rank is not None:
+        out[LABEL_RANK] = str(rank)
+    return out
+
+
+def service(job: Job, namespace: str, uid: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service_name(job.name), "namespace": namespace, "labels": labels(job.name),
+                     "ownerReferences": [owner_reference(job.name, uid)]},
+        "spec": {
+            "clusterIP": "None",
+            # Rank 0 must be resolvable before it is Ready: the others connect while it starts.
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: job.name, LABEL_RANK: "0"},
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}],
+        },
+    }
+
+
+def _shaper(job: Job, epoch: float) -> dict:
+    net = job.network
+    return {
+        "name": "shaper",
+        "image": job.spec["image"],
+        "imagePullPolicy": job.spec["imagePullPolicy"],
+        # A native sidecar: starts before the trainer, is stopped after it, and does not
+        # keep the pod alive (Kubernetes >= 1.29).
+        "restartPolicy": "Always",
+        "command": ["netsense", "shape", "--dev", net["interface"], "--profile-json",
+                    json.dumps(net["profile"], separators=(",", ":")), "--direction", net["direction"],
+                    "--epoch", repr(epoch), "--ready-file", READY_FILE],
+        "securityContext": {
+            "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": False,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+        },
+        # The trainer starts only once the first profile step is in place: never unshaped.
+        "startupProbe": {"exec": {"command": ["test", "-f", READY_FILE]}, "periodSeconds": 1,
+                         "failureThreshold": 120},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+
+
+def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, epoch: float) -> dict:
+    net = job.network
+    env = {
+        "MASTER_ADDR": f"{service_name(job.name)}.{namespace}.svc",
+        "MASTER_PORT": str(MASTER_PORT),
+        "WORLD_SIZE": str(job.workers),
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "NETSENSE_JOB": json.dumps(job.manifest(), separators=(",", ":")),
+        "NETSENSE_RESULT_PATH": "/dev/termination-log",
+        "NETSENSE_PROFILE_EPOCH": repr(epoch),
+        "OMP_NUM_THREADS": str(job.training["threads"]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if net.get("profile"):
+        # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
+        env.update({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
+                    "GLOO_SOCKET_IFNAME": net["interface"]})
+    trainer = {
+        "name": "trainer",
+        "image": job.spec["image"],
+        "imagePullPolicy": job.spec["imagePullPolicy"],
+        "command": ["netsense", "worker"],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "resources": job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}},
+    }
+    spec: dict = {
+        "restartPolicy": "Never",  # a failed rank fails the gang; the operator restarts it whole
+        "automountServiceAccountToken": False,  # workers never talk to the API
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "hostname": f"w{rank}",
+        "containers": [trainer],
+    }
+    if net.get("profile"):
+        spec["initContainers"] = [_shaper(job, epoch)]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
+                     "labels": labels(job.name, attempt, rank),
+                     "ownerReferences": [owner_reference(job.name, uid)]},
+        "spec": spec,
+    }

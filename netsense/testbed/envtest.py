@@ -1,0 +1,235 @@
+"""A real Kubernetes control plane (etcd + kube-apiserver) as local processes.
+
+The way controller-runtime's envtest runs them: no kubelet, no scheduler, no
+controller-manager, so pods stay where tests put them (tests patch pod status as
+a kubelet would). Binaries come from ``testbed/envtest/build.sh`` (built from Go
+modules and cached) or from $KUBEBUILDER_ASSETS.
+
+    with ControlPlane() as cp:          # ready in a few seconds from a warm cache
+        cp.kubeconfig                   # admin (system:masters) kubeconfig path
+        cp.token_kubeconfig(sa, ns)     # a restricted identity, for RBAC tests
+
+``python -m netsense.testbed.envtest`` starts one and prints its kubeconfig
+until Ctrl-C, for poking at it with kubectl.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD_SCRIPT = os.path.join(REPO, "testbed", "envtest", "build.sh")
+
+
+class EnvtestError(RuntimeError):
+    pass
+
+
+def binaries_dir(build: bool = True) -> str | None:
+    """Where kube-apiserver and etcd are: $KUBEBUILDER_ASSETS, or the cache (building if asked)."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and all(os.access(os.path.join(assets, b), os.X_OK) for b in ("kube-apiserver", "etcd")):
+        return assets
+    if not build:
+        return None
+    proc = subprocess.run(["bash", BUILD_SCRIPT], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvtestError(f"building the envtest binaries failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _openssl(*args: str, cwd: str) -> None:
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvtestError(f"openssl {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def _make_certs(d: str) -> None:
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+             "-subj", "/CN=netsense-envtest-ca", cwd=d)
+
+    def leaf(name: str, subj: str, ext: str | None = None) -> None:
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=d)
+        args = ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "2"]
+        if ext:
+            with open(os.path.join(d, f"{name}.ext"), "w") as fh:
+                fh.write(ext)
+            args += ["-extfile", f"{name}.ext"]
+        _openssl(*args, cwd=d)
+
+    leaf("server", "/CN=kube-apiserver", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    leaf("admin", "/O=system:masters/CN=netsense-envtest-admin")
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+class ControlPlane:
+    def __init__(self, bin_dir: str | None = None, log_dir: str | None = None):
+        self.bin_dir = bin_dir
+        self.dir = tempfile.mkdtemp(prefix="netsense-envtest-")
+        self.log_dir = log_dir or self.dir
+        self.procs: list[subprocess.Popen] = []
+        self.port = 0
+        self.kubeconfig = os.path.join(self.dir, "kubeconfig")
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ControlPlane:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start(self, timeout: float = 60) -> None:
+        bins = self.bin_dir or binaries_dir()
+        d = self.dir
+        _make_certs(d)
+        etcd_port, peer_port = _free_port(), _free_port()
+        self._spawn("etcd", [
+            os.path.join(bins, "etcd"), "--data-dir", os.path.join(d, "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync", "--log-level", "warn"])
+        self.port = _free_port()
+        self._spawn("kube-apiserver", [
+            os.path.join(bins, "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--secure-port={self.port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--cert-dir={d}", f"--tls-cert-file={d}/server.crt", f"--tls-private-key-file={d}/server.key",
+            f"--client-ca-file={d}/ca.crt", "--authorization-mode=RBAC",
+            f"--service-account-issuer=https://127.0.0.1:{self.port}",
+            f"--service-account-key-file={d}/sa.pub", f"--service-account-signing-key-file={d}/sa.key",
+            "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
+            # No controller-manager creates the default ServiceAccount, so that admission
+            # plugin would reject every pod (envtest disables it too).
+            "--disable-admission-plugins=ServiceAccount",
+            # The kubernetes Service's endpoint may not be a loopback address.
+            "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false", "--v=0"])
+        self._write_kubeconfig(self.kubeconfig, {"client-certificate": f"{d}/admin.crt",
+                                                 "client-key": f"{d}/admin.key"})
+        self._wait_ready(timeout)
+
+    def _write_kubeconfig(self, path: str, user: dict) -> None:
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "envtest",
+            "clusters": [{"name": "envtest", "cluster": {"server": self.server,
+                                                         "certificate-authority": f"{self.dir}/ca.crt"}}],
+            "users": [{"name": "user", "user": user}],
+            "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": "user",
+                                                         "namespace": "default"}}],
+        }
+        with open(path, "w") as fh:
+            yaml.safe_dump(cfg, fh)
+
+    def _wait_ready(self, timeout: float) -> None:
+        ctx = ssl.create_default_context(cafile=f"{self.dir}/ca.crt")
+        ctx.load_cert_chain(f"{self.dir}/admin.crt", f"{self.dir}/admin.key")
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    name = os.path.basename(p.args[0])
+                    with open(os.path.join(self.log_dir, f"{name}.log")) as fh:
+                        tail = "".join(fh.readlines()[-5:])
+                    raise EnvtestError(f"{name} exited with {p.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception as e:  # not up yet
+                last = str(e)
+            time.sleep(0.2)
+        raise EnvtestError(f"kube-apiserver not ready after {timeout:.0f}s ({last}); see {self.log_dir}")
+
+    def token_kubeconfig(self, service_account: str, namespace: str, path: str | None = None) -> str:
+        """A kubeconfig for a ServiceAccount's token: exactly the rights RBAC gives it."""
+        from kubernetes import client, config
+
+        api = client.CoreV1Api(config.new_client_from_config(self.kubeconfig))
+        req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[f"https://127.0.0.1:{self.port}"], expiration_seconds=3600))
+        token = api.create_namespaced_service_account_token(service_account, namespace, req).status.token
+        path = path or os.path.join(self.dir, f"kubeconfig-{namespace}-{service_account}")
+        self._write_kubeconfig(path, {"token": token})
+        return path
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.procs.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def install_crd(kubeconfig: str, timeout: float = 30) -> None:
+    """Apply manifests/base/crd.yaml and wait until it is Established."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    with open(os.path.join(REPO, "manifests", "base", "crd.yaml")) as fh:
+        body = yaml.safe_load(fh)
+    api = client.ApiextensionsV1Api(config.new_client_from_config(kubeconfig))
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        crd = api.read_custom_resource_definition(body["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])):
+            return
+        time.sleep(0.2)
+    raise EnvtestError("the NetSenseJob CRD never became Established")
+
+
+if __name__ == "__main__":
+    with ControlPlane() as cp:
+        install_crd(cp.kubeconfig)
+        print(f"export KUBECONFIG={cp.kubeconfig}   # Ctrl-C stops the control plane", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,109 @@
+"""Helpers for tests against the envtest control plane: clients, the operator
+process, and a stand-in kubelet that moves pods through their phases."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import yaml
+from kubernetes import client, config, utils
+
+from netsense.spec import GROUP, PLURAL, VERSION
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Kube:
+    def __init__(self, kubeconfig: str):
+        self.kubeconfig = kubeconfig
+        self.api = config.new_client_from_config(kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def apply_file(self, path: str) -> None:
+        with open(path) as fh:
+            docs = [d for d in yaml.safe_load_all(fh) if d]
+        for d in docs:
+            try:
+                utils.create_from_dict(self.api, d)
+            except utils.FailToCreateError as e:
+                if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
+                    raise
+
+    def namespace(self, name: str) -> str:
+        try:
+            self.core.create_namespace({"metadata": {"name": name}})
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        return name
+
+    def create_job(self, ns: str, name: str, spec: dict) -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "NetSenseJob", "metadata": {"name": name}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+    def job(self, ns: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    def status(self, ns: str, name: str) -> dict:
+        return self.job(ns, name).get("status") or {}
+
+    def pods(self, ns: str, job: str, attempt: int | None = None) -> list:
+        sel = f"netsense.dev/job={job}" + (f",netsense.dev/attempt={attempt}" if attempt is not None else "")
+        return sorted(self.core.list_namespaced_pod(ns, label_selector=sel).items, key=lambda p: p.metadata.name)
+
+    def set_pod_phase(self, ns: str, pod: str, phase: str, message: str = "", exit_code: int = 0) -> None:
+        """What a kubelet would report for the trainer container."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if phase == "Running":
+            state = {"running": {"startedAt": now}}
+        else:
+            state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                    "message": message, "startedAt": now, "finishedAt": now}}
+        body = {"status": {"phase": phase, "containerStatuses": [{
+            "name": "trainer", "image": "netsense/worker", "imageID": "", "ready": phase == "Running",
+            "restartCount": 0, "state": state}]}}
+        self.core.patch_namespaced_pod_status(pod, ns, body)
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class OperatorProcess:
+    """`netsense operator` as a subprocess with a given kubeconfig."""
+
+    def __init__(self, kubeconfig: str, log_path: str):
+        self.kubeconfig, self.log_path = kubeconfig, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5"}
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "netsense", "operator"], env=env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        with open(self.log_path) as fh:
+            return fh.read()

@@ -1,0 +1,216 @@
+"""The operator against a real kube-apiserver + etcd, running with exactly the RBAC
+of manifests/base/rbac.yaml; the tests play kubelet by patching pod status."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+import yaml
+from kube import REPO, OperatorProcess, wait_for
+from kubernetes import client
+
+pytestmark = pytest.mark.apiserver
+
+
+def quick_spec(**over) -> dict:
+    spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
+            "compression": {"method": "overlap"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
+            "runPolicy": {"backoffLimit": 1}}
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    return spec
+
+
+@pytest.fixture
+def ns(kube):
+    return kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
+
+
+def env_of(container) -> dict:
+    return {e.name: e.value for e in container.env or []}
+
+
+# ---- the API server and the CRD (envtest smoke) -----------------------------------
+
+def test_a_job_round_trips_with_schema_defaults(kube, ns):
+    kube.create_job(ns, "roundtrip", {"training": {"model": "mlp"}})
+    job = kube.job(ns, "roundtrip")
+    assert job["spec"]["workers"] == 2  # default from the generated schema
+    assert job["spec"]["compression"]["method"] == "allreduce"
+    assert job["spec"]["training"]["batchSize"] == 32
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"workers": -1}, "spec.workers"),
+    ({"compression": {"method": "zip"}}, 'Unsupported value: "zip"'),
+    ({"network": {"profile": {"type": "static", "rate": "fast"}}}, "spec.network.profile.rate"),
+    ({"network": {"profile": {"type": "static"}}}, "a static profile needs rate"),
+    ({"training": {"optimizer": "lion"}}, "spec.training.optimizer"),
+    ({"compression": {"density": 1.5}}, "spec.compression.density"),
+])
+def test_the_server_rejects_bad_jobs_with_its_message(kube, ns, spec, message):
+    with pytest.raises(client.ApiException) as e:
+        kube.create_job(ns, "bad", spec)
+    assert e.value.status == 422
+    assert message in json.loads(e.value.body)["message"]
+
+
+def test_samples_validate_against_the_crd(kube, ns):
+    for folder in ("samples", os.path.join("manifests", "samples")):
+        for name in sorted(os.listdir(os.path.join(REPO, folder))):
+            with open(os.path.join(REPO, folder, name)) as fh:
+                doc = yaml.safe_load(fh)
+            kube.custom.create_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", doc,
+                                                        dry_run="All")
+
+
+# ---- the operator ------------------------------------------------------------------
+
+def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
+    job = kube.create_job(ns, "gang", quick_spec(workers=3))
+    pods = wait_for(lambda: len(kube.pods(ns, "gang")) == 3 and kube.pods(ns, "gang"), what="3 pods")
+    svc = kube.core.read_namespaced_service("gang-rdzv", ns)
+    assert svc.spec.cluster_ip == "None" and svc.spec.selector == {"netsense.dev/job": "gang", "netsense.dev/rank": "0"}
+    for rank, pod in enumerate(pods):
+        assert pod.metadata.name == f"gang-a0-w{rank}"
+        assert pod.metadata.owner_references[0].uid == job["metadata"]["uid"]
+        assert pod.metadata.owner_references[0].controller
+        assert pod.spec.automount_service_account_token is False
+        assert pod.spec.restart_policy == "Never"
+        trainer = pod.spec.containers[0]
+        env = env_of(trainer)
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3" and env["MASTER_PORT"] == "29500"
+        assert env["MASTER_ADDR"] == f"gang-rdzv.{ns}.svc"
+        assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert json.loads(env["NETSENSE_JOB"])["spec"]["workers"] == 3
+        assert trainer.termination_message_path == "/dev/termination-log"
+        sidecar = pod.spec.init_containers[0]
+        assert sidecar.restart_policy == "Always"  # a native sidecar
+        assert sidecar.security_context.capabilities.add == ["NET_ADMIN"]
+        assert sidecar.security_context.capabilities.drop == ["ALL"]
+        assert sidecar.command[:4] == ["netsense", "shape", "--dev", "eth0"]
+        assert sidecar.startup_probe._exec.command == ["test", "-f", "/tmp/netsense-shaped"]
+    time.sleep(2)  # several reconciles later: nothing new
+    assert [p.metadata.name for p in kube.pods(ns, "gang")] == [p.metadata.name for p in pods]
+    st = kube.status(ns, "gang")
+    assert st["phase"] == "Pending" and st["network"]["rate"] == "200Mbit"
+
+
+def test_an_operator_restart_creates_no_duplicates(kube, ns, operator_kubeconfig, tmp_path):
+    second = OperatorProcess(operator_kubeconfig, str(tmp_path / "op2.log"))
+    kube.create_job(ns, "restart", quick_spec())
+    wait_for(lambda: len(kube.pods(ns, "restart")) == 2, what="pods")
+    names = [p.metadata.name for p in kube.pods(ns, "restart")]
+    second.start()  # a second start (same identity) resumes the job: it must create nothing
+    try:
+        time.sleep(4)
+        assert [p.metadata.name for p in kube.pods(ns, "restart")] == names
+    finally:
+        second.stop()
+
+
+def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, operator):
+    kube.create_job(ns, "phases", quick_spec())
+    pods = wait_for(lambda: len(kube.pods(ns, "phases")) == 2 and kube.pods(ns, "phases"), what="pods")
+    for p in pods:
+        kube.set_pod_phase(ns, p.metadata.name, "Running")
+    wait_for(lambda: kube.status(ns, "phases").get("phase") == "Running", what="Running")
+    result = {"job": "phases", "status": "Succeeded", "best_accuracy": 0.93, "throughput_samples_per_s": 812.5}
+    kube.set_pod_phase(ns, pods[1].metadata.name, "Succeeded")
+    kube.set_pod_phase(ns, pods[0].metadata.name, "Succeeded", message=json.dumps(result))
+    st = wait_for(lambda: (s := kube.status(ns, "phases")).get("phase") == "Succeeded" and s, what="Succeeded")
+    assert st["result"]["best_accuracy"] == 0.93
+    assert st["completionTime"] and st["workers"]["succeeded"] == 2
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in st["conditions"])
+
+
+def test_a_failed_worker_restarts_the_gang_until_backoff_limit(kube, ns, operator):
+    kube.create_job(ns, "flaky", quick_spec(runPolicy={"backoffLimit": 1}))
+    first = wait_for(lambda: len(kube.pods(ns, "flaky", 0)) == 2 and kube.pods(ns, "flaky", 0), what="attempt 0")
+    kube.set_pod_phase(ns, first[1].metadata.name, "Failed", message="rank 1: RuntimeError: NCCL timeout",
+                       exit_code=1)
+    second = wait_for(lambda: len(kube.pods(ns, "flaky", 1)) == 2 and kube.pods(ns, "flaky", 1), what="attempt 1")
+    st = kube.status(ns, "flaky")
+    assert st["restarts"] == 1 and st["attempt"] == 1
+    restarting = next(c for c in st["conditions"] if c["type"] == "Restarting")
+    assert "NCCL timeout" in restarting["message"]
+    wait_for(lambda: not kube.pods(ns, "flaky", 0), what="attempt 0 deleted")
+    kube.set_pod_phase(ns, second[0].metadata.name, "Failed", message="rank 0: out of memory", exit_code=137)
+    st = wait_for(lambda: (s := kube.status(ns, "flaky")).get("phase") == "Failed" and s, what="Failed")
+    assert st["reason"] == "BackoffLimitExceeded" and "out of memory" in st["message"]
+    wait_for(lambda: not kube.pods(ns, "flaky"), what="pods deleted")
+
+
+def test_an_invalid_spec_the_schema_accepts_fails_without_pods(kube, ns, operator):
+    spec = quick_spec(network={"profile": {"type": "steps", "steps": [{"at": "5s", "rate": "1Gbit"}]}})
+    kube.create_job(ns, "invalid", spec)
+    st = wait_for(lambda: (s := kube.status(ns, "invalid")).get("phase") and s, what="a phase")
+    assert st["phase"] == "Failed" and st["reason"] == "InvalidSpec"
+    assert "spec.network.profile.steps[0].at" in st["message"]
+    time.sleep(1)
+    assert not kube.pods(ns, "invalid")
+
+
+def test_a_spec_change_of_a_running_job_is_refused(kube, ns, operator):
+    kube.create_job(ns, "immutable", quick_spec())
+    wait_for(lambda: len(kube.pods(ns, "immutable")) == 2, what="pods")
+    kube.custom.patch_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", "immutable",
+                                               {"spec": {"workers": 4}})
+    cond = wait_for(lambda: next((c for c in kube.status(ns, "immutable").get("conditions", [])
+                                  if c["type"] == "SpecChangeRefused"), None), what="SpecChangeRefused")
+    assert "cannot change" in cond["message"]
+    time.sleep(1)
+    assert len(kube.pods(ns, "immutable")) == 2
+    assert kube.status(ns, "immutable")["appliedSpec"]["workers"] == 2
+
+
+def test_active_deadline_and_ttl(kube, ns, operator):
+    kube.create_job(ns, "deadline", quick_spec(runPolicy={"activeDeadlineSeconds": 2, "ttlSecondsAfterFinished": 2}))
+    st = wait_for(lambda: (s := kube.status(ns, "deadline")).get("phase") == "Failed" and s, timeout=20,
+                  what="DeadlineExceeded")
+    assert st["reason"] == "DeadlineExceeded"
+
+    def gone():
+        try:
+            kube.job(ns, "deadline")
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(gone, timeout=20, what="the TTL to delete the job")
+
+
+def test_the_operator_identity_has_no_more_than_it_needs(kube, operator_kubeconfig):
+    from kube import Kube
+
+    restricted = Kube(operator_kubeconfig)
+    with pytest.raises(client.ApiException) as e:
+        restricted.core.list_namespaced_secret("default")
+    assert e.value.status == 403
+    with pytest.raises(client.ApiException) as e:
+        restricted.core.create_namespaced_config_map("default", {"metadata": {"name": "x"}})
+    assert e.value.status == 403
+    with open(os.path.join(REPO, "manifests", "base", "rbac.yaml")) as fh:
+        role = next(d for d in yaml.safe_load_all(fh) if d["kind"] == "ClusterRole")
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+
+
+def test_fifty_jobs_at_once_all_get_pods_and_a_phase_within_60s(kube, operator):
+    ns = kube.namespace("load")
+    start = time.monotonic()
+    for i in range(50):
+        kube.create_job(ns, f"load-{i}", quick_spec(workers=1))
+
+    def all_started():
+        jobs = kube.custom.list_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs")["items"]
+        pods = kube.core.list_namespaced_pod(ns, label_selector="netsense.dev/job").items
+        phased = sum(1 for j in jobs if (j.get("status") or {}).get("phase"))
+        return phased == 50 and len(pods) == 50
+
+    wait_for(all_started, timeout=60, interval=1, what="50 jobs with pods and a phase")
+    assert time.monotonic() - start < 60
