@@ -17,6 +17,7 @@ import time
 import yaml
 
 from netsense.spec import SpecError, check_local, load_job
+from netsense.spec.job import read_yaml
 from netsense.spec.schema import Errors
 
 EPILOG = """examples:
@@ -73,13 +74,7 @@ def _load_profile(args) -> dict:
     elif args.profile_json:
         raw = json.loads(args.profile_json)
     else:
-        try:
-            with open(args.profile) as fh:
-                raw = yaml.safe_load(fh)
-        except OSError as e:
-            raise SpecError([_issue("--profile", f"cannot read {args.profile}: {e.strerror}")]) from None
-        except yaml.YAMLError as e:
-            raise SpecError([_issue("--profile", f"not valid YAML: {e}")]) from None
+        raw = read_yaml(args.profile, "profile", "--profile")
     errors = Errors()
     parsed = PROFILE.parse(raw, "profile", errors)
     if errors:
@@ -90,12 +85,6 @@ def _load_profile(args) -> dict:
         base = os.path.dirname(os.path.abspath(args.profile or "."))
         parsed["points"] = read_trace(os.path.join(base, parsed.pop("file")), "profile.file")
     return parsed
-
-
-def _issue(path: str, message: str):
-    from netsense.spec.schema import Issue
-
-    return Issue(path, message)
 
 
 def cmd_shape(args) -> int:

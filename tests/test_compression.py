@@ -7,7 +7,7 @@ import torch
 from distutil import run_world
 
 from netsense.compression import validate_config
-from netsense.compression.selection import topk_indices
+from netsense.compression.selection import Workspace, topk_indices
 from netsense.spec import SpecError
 
 METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "overlap"]
@@ -194,9 +194,10 @@ def test_bad_configuration_fails_naming_the_field(bad, field):
 
 def test_fast_topk_selects_exactly_the_largest():
     g = torch.Generator().manual_seed(0)
-    for n, k in [(1_000_000, 10_000), (1_000_000, 100_000), (300_000, 3), (1000, 10), (100_000, 100_000)]:
+    for n, k in [(1_000_000, 10_000), (1_000_003, 10_000), (1_000_000, 100_000), (300_000, 3), (1000, 10),
+                 (100_000, 100_000), (2_000_000, 500_000)]:
         x = torch.randn(n, generator=g).abs()
-        got = set(topk_indices(x, k, g).tolist())
+        got = set(topk_indices(x, k, g, Workspace()).tolist())
         want = set(torch.topk(x, k).indices.tolist())
         assert len(got) == k
         assert got == want

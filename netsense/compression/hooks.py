@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from netsense.compression.memory import ResidualMemory
-from netsense.compression.selection import smallest_fraction_mask, topk_indices
+from netsense.compression.selection import Workspace, smallest_fraction_mask, topk_indices
 from netsense.compression.timing import IntervalTimer
 from netsense.control.policies import (
     Decision,
@@ -65,6 +65,7 @@ class CompressionState:
         self.fixed_fp16 = fp16
         self.need_grad_norm = need_grad_norm
         self.memory = ResidualMemory()
+        self.workspaces: dict[int, Workspace] = {}
         self.generator_seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self.step = -1
@@ -172,14 +173,16 @@ class CompressionState:
         t0 = time.perf_counter()
         buf = bucket.buffer()
         n = buf.numel()
+        ws = self.workspaces.setdefault(bucket.index(), Workspace())
+        gen = self._generator(buf.device)
         signal = self.memory.compensate(bucket.index(), buf) if self.error_feedback else buf
-        magnitude = signal.abs()
+        magnitude = torch.abs(signal, out=ws.get("magnitude", n, buf.dtype, buf.device))
         if d.prune > 0:
-            weights = _flat_weights(bucket)
+            weights = _flat_weights(bucket, ws)
             if weights is not None:
-                magnitude[smallest_fraction_mask(weights, d.prune, self._generator(buf.device))] = 0
+                magnitude.masked_fill_(smallest_fraction_mask(weights, d.prune, gen, ws), 0)
         k = max(1, min(n, math.ceil(d.density * n)))
-        indices = topk_indices(magnitude, k, self._generator(buf.device))
+        indices = topk_indices(magnitude, k, gen, ws)
         values = signal[indices].to(torch.float16 if d.fp16 else buf.dtype)
         if self.error_feedback:
             ResidualMemory.sent(signal, indices, values)
@@ -200,9 +203,9 @@ class CompressionState:
             buf.zero_()
             for chunk in gathered:
                 i = chunk[:index_bytes].view(torch.int32).to(torch.long)
-                v = chunk[index_bytes:].view(values.dtype).to(buf.dtype)
+                v = chunk[index_bytes:].view(values.dtype).to(buf.dtype).div_(self.world)
                 buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
-            return buf.div_(self.world)
+            return buf
 
         return fut.then(finish)
 
@@ -210,10 +213,14 @@ class CompressionState:
         return self.history
 
 
-def _flat_weights(bucket: dist.GradBucket) -> torch.Tensor | None:
+def _flat_weights(bucket: dist.GradBucket, ws: Workspace) -> torch.Tensor | None:
+    """The bucket's weights in the buffer's layout (None if the layouts differ)."""
     params = bucket.parameters()
-    flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else None
-    return flat if flat is not None and flat.numel() == bucket.buffer().numel() else None
+    buf = bucket.buffer()
+    if not params or sum(p.numel() for p in params) != buf.numel():
+        return None
+    out = ws.get("weights", buf.numel(), buf.dtype, buf.device)
+    return torch.cat([p.detach().reshape(-1) for p in params], out=out)
 
 
 def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -35,17 +35,23 @@ _core: client.CoreV1Api | None = None
 _custom: client.CustomObjectsApi | None = None
 
 
+def _api_client() -> client.ApiClient:
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = 32  # one connection per handler thread (execution.max_workers)
+    return client.ApiClient(cfg)
+
+
 def core() -> client.CoreV1Api:
     global _core
     if _core is None:
-        _core = client.CoreV1Api()
+        _core = client.CoreV1Api(_api_client())
     return _core
 
 
 def custom() -> client.CustomObjectsApi:
     global _custom
     if _custom is None:
-        _custom = client.CustomObjectsApi()
+        _custom = client.CustomObjectsApi(_api_client())
     return _custom
 
 
@@ -54,7 +60,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
     settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
     settings.execution.max_workers = 32
@@ -123,6 +129,14 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
                                     f"{job.workers} worker pod(s) and the rendezvous service created"))
 
 
+def _update(patch: kopf.Patch, status: dict, **fields) -> None:
+    """Patch only the status fields that changed: a quiet job causes no writes (and no
+    watch events), which is what keeps 50 concurrent jobs cheap."""
+    for key, value in fields.items():
+        if status.get(key) != value:
+            patch.status[key] = value
+
+
 def _network_status(job: Job, epoch: float) -> dict | None:
     profile = build_profile(job.network.get("profile"))
     if profile is None:
@@ -139,7 +153,14 @@ def _progress(namespace: str, pod: dict) -> dict | None:
     return st.last_progress(text or "")
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5)
+def _needs_reconcile(status: dict, **_) -> bool:
+    """Finished jobs need the timer only to expire after ttlSecondsAfterFinished."""
+    if status.get("phase") not in st.FINISHED:
+        return True
+    return (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished") is not None
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
 def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch,
               logger: logging.Logger, **_) -> None:
     phase = status.get("phase")
@@ -159,10 +180,10 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
     by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
-    patch.status["workers"] = {"total": job.workers, **counts}
+    _update(patch, status, workers={"total": job.workers, **counts})
     net = _network_status(job, float(status["profileEpoch"]))
     if net:
-        patch.status["network"] = net
+        _update(patch, status, network=net)
 
     def finish(final_phase: str, reason: str, message: str, leftover: list[dict]) -> None:
         _delete_pods(namespace, leftover)
@@ -209,11 +230,11 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         if phase != st.RUNNING:
             conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
                                           f"{job.workers} worker(s) running")
-        patch.status["phase"] = st.RUNNING
+        _update(patch, status, phase=st.RUNNING)
         progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
         if progress:
-            patch.status["progress"] = progress
-    patch.status["conditions"] = conditions
+            _update(patch, status, progress=progress)
+    _update(patch, status, conditions=conditions)
 
 
 def _expire(name: str, namespace: str, status: dict) -> None:

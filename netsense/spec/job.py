@@ -280,24 +280,31 @@ def parse_job(doc: Any) -> Job:
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errors.add(key, "unknown top-level field")
     meta = METADATA.parse(doc.get("metadata", MISSING) if "metadata" in doc else {}, "metadata", errors)
-    spec = SPEC.parse(doc.get("spec"), "spec", errors) if "spec" in doc else errors.add("spec", "required field is missing")
+    if "spec" not in doc:
+        errors.add("spec", "required field is missing")
+    spec = SPEC.parse(doc.get("spec"), "spec", errors)
     if errors:
         raise SpecError(errors)
     return Job(name=meta["name"], spec=spec)
 
 
-def load_job(path: str) -> Job:
-    """Read and validate a job file; trace files are resolved relative to it and inlined."""
+def read_yaml(path: str, what: str = "file", field: str | None = None) -> Any:
+    """Load one YAML document; unreadable or invalid files raise SpecError naming the place."""
+    where_field = field or path
     try:
         with open(path) as fh:
-            doc = yaml.safe_load(fh)
+            return yaml.safe_load(fh)
     except OSError as e:
-        raise SpecError([Issue(path, f"cannot read the job file: {e.strerror}")]) from None
+        raise SpecError([Issue(where_field, f"cannot read the {what} {path}: {e.strerror}")]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise SpecError([Issue(path, f"not valid YAML{where}: {getattr(e, 'problem', e)}")]) from None
-    job = parse_job(doc)
+        raise SpecError([Issue(where_field, f"not valid YAML{where}: {getattr(e, 'problem', e)}")]) from None
+
+
+def load_job(path: str) -> Job:
+    """Read and validate a job file; trace files are resolved relative to it and inlined."""
+    job = parse_job(read_yaml(path, "job file"))
     profile = job.network.get("profile")
     if profile and profile["type"] == "trace" and "file" in profile:
         trace_path = os.path.join(os.path.dirname(os.path.abspath(path)), profile["file"])
@@ -311,12 +318,12 @@ def read_trace(path: str, field_path: str) -> list[dict]:
     """A recorded trace: CSV with columns t,rate (t in seconds or '30s') or a YAML list."""
     if not os.path.exists(path):
         raise SpecError([Issue(field_path, f"trace file {path} does not exist")])
+    if path.endswith((".yaml", ".yml")):
+        points = read_yaml(path, "trace", field_path)
+        if not isinstance(points, list):
+            raise SpecError([Issue(field_path, f"{path}: a YAML trace is a list of {{at, rate}}")])
+        return points
     with open(path) as fh:
-        if path.endswith((".yaml", ".yml")):
-            points = yaml.safe_load(fh)
-            if not isinstance(points, list):
-                raise SpecError([Issue(field_path, f"{path}: a YAML trace is a list of {{at, rate}}")])
-            return points
         rows = [r for r in csv.reader(fh) if r and not r[0].startswith("#")]
     if rows and not _is_number(rows[0][0].rstrip("smh")):
         rows = rows[1:]  # header

@@ -1,0 +1,121 @@
+"""`netsense bench`: grid loading, the fair summary, and the cluster mode against
+the real API server (the test plays kubelet)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+
+import pytest
+import yaml
+
+from netsense.bench import load_grid, run_bench, summarize
+from netsense.spec import SpecError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+GRID = {
+    "name": "t",
+    "base": {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256,
+                                        "targetAccuracy": 0.8, "maxSeconds": "20s", "evalEvery": 5}},
+    "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
+    "profiles": {"static-100": {"type": "static", "rate": "100Mbit"}},
+    "seeds": [0],
+}
+
+
+def write(tmp_path, grid) -> str:
+    p = tmp_path / "grid.yaml"
+    p.write_text(yaml.safe_dump(grid))
+    return str(p)
+
+
+def test_shipped_grids_load():
+    for name in ("ci.yaml", "paper.yaml", "throughput.yaml"):
+        _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
+        assert cells
+    _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
+    assert len(cells) == 7 * 6 * 2
+    assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
+
+
+def test_a_grid_without_a_shared_target_is_refused(tmp_path):
+    grid = json.loads(json.dumps(GRID))
+    del grid["base"]["training"]["targetAccuracy"]
+    with pytest.raises(SpecError, match="base.training"):
+        load_grid(write(tmp_path, grid))
+
+
+def test_a_bad_cell_names_method_scenario_and_field(tmp_path):
+    grid = json.loads(json.dumps(GRID))
+    grid["methods"]["broken"] = {"method": "topk", "density": 7}
+    with pytest.raises(SpecError, match=r"broken x static-100: spec.compression.density"):
+        load_grid(write(tmp_path, grid))
+
+
+def _r(method, scenario, seed, tta, sps=100.0):
+    return {"status": "Succeeded", "method_label": method, "scenario": scenario, "seed": seed,
+            "time_to_accuracy_s": tta, "throughput_samples_per_s": sps, "best_accuracy": 0.9,
+            "final_accuracy": 0.9, "mean_ratio": 0.1, "bytes_sent_per_worker": 1e6, "steps": 10,
+            "selection_ms_mean": 1.0}
+
+
+def test_summary_means_spreads_and_regret():
+    rows = summarize([_r("a", "s", 0, 10), _r("a", "s", 1, 12), _r("b", "s", 0, 20), _r("b", "s", 1, 24),
+                      _r("c", "s", 0, 5), _r("c", "s", 1, None)])
+    by = {r["method"]: r for r in rows}
+    assert by["a"]["tta_mean_s"] == 11 and by["a"]["tta_std_s"] == pytest.approx(math.sqrt(2))
+    assert by["a"]["regret"] == 1.0 and by["b"]["regret"] == pytest.approx(2.0)
+    # c reached the target with one seed only: not counted as reached, infinite regret
+    assert by["c"]["tta_mean_s"] is None and by["c"]["reached"] == "1/2" and math.isinf(by["c"]["regret"])
+
+
+@pytest.mark.root
+def test_local_bench_writes_summary_table_and_plots(tmp_path):
+    out = tmp_path / "out"
+    assert run_bench(write(tmp_path, GRID), str(out)) == 0
+    results = json.loads((out / "summary.json").read_text())
+    assert {r["scenario"] for r in results} == {"static-100"}
+    assert {r["method_label"] for r in results} == {"allreduce", "topk-0.1"}
+    md = (out / "summary.md").read_text()
+    assert "| allreduce |" in md and "regret" in md
+    assert (out / "tta.png").exists() and (out / "density_vs_link.png").exists()
+
+
+@pytest.mark.apiserver
+def test_cluster_bench_submits_jobs_and_reads_results_from_status(kube, operator, control_plane, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", control_plane.kubeconfig)
+    ns = kube.namespace("bench")
+    stop = threading.Event()
+
+    def kubelet():
+        """Finish every worker pod; rank 0 reports a result like a trainer would."""
+        done = set()
+        while not stop.is_set():
+            for pod in kube.core.list_namespaced_pod(ns, label_selector="netsense.dev/job").items:
+                if pod.metadata.name in done:
+                    continue
+                rank = pod.metadata.labels["netsense.dev/rank"]
+                job = pod.metadata.labels["netsense.dev/job"]
+                msg = json.dumps({"job": job, "status": "Succeeded", "time_to_accuracy_s": 3.0 if "topk" in job else 6.0,
+                                  "throughput_samples_per_s": 100.0, "best_accuracy": 0.85,
+                                  "final_accuracy": 0.85, "mean_ratio": 0.1, "bytes_sent_per_worker": 1000,
+                                  "steps": 10}) if rank == "0" else ""
+                kube.set_pod_phase(ns, pod.metadata.name, "Succeeded", message=msg)
+                done.add(pod.metadata.name)
+            time.sleep(0.2)
+
+    t = threading.Thread(target=kubelet, daemon=True)
+    t.start()
+    try:
+        out = tmp_path / "out"
+        assert run_bench(write(tmp_path, GRID), str(out), cluster=True, namespace=ns) == 0
+    finally:
+        stop.set()
+    table = json.loads((out / "table.json").read_text())
+    by = {r["method"]: r for r in table}
+    assert by["topk-0.1"]["tta_mean_s"] == 3.0 and by["allreduce"]["regret"] == pytest.approx(2.0)
