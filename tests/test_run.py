@@ -140,3 +140,27 @@ def test_interrupting_a_run_leaves_nothing_behind(tmp_path, sig, code):
     assert not ours(), "namespaces left behind"
     time.sleep(0.5)
     assert not workers_alive(), "worker processes left behind"
+
+
+@pytest.mark.root
+def test_a_hung_worker_ends_the_run_within_the_collective_timeout(tmp_path):
+    doc = job(training={"maxSteps": 100000}, runPolicy={"backoffLimit": 0})
+    env = {**os.environ, "NETSENSE_TIMEOUT": "10"}
+    proc = subprocess.Popen([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    events = tmp_path / "o" / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
+        time.sleep(0.2)
+    # Freeze rank 1 as a hung process would be: rank 0 must give up, not wait forever.
+    pid = subprocess.run(["pgrep", "-f", "netsense worker"], capture_output=True, text=True).stdout.split()
+    ranks = {p: open(f"/proc/{p}/environ", "rb").read() for p in pid}
+    frozen = [p for p, e in ranks.items() if b"RANK=1\0" in e]
+    assert frozen
+    os.kill(int(frozen[0]), signal.SIGSTOP)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 60
+    assert "worker 0 failed" in err.strip().splitlines()[-1]
+    assert not ours() and not workers_alive()

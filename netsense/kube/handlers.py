@@ -65,7 +65,11 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
     settings.execution.max_workers = 32
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 120
+    # The timer deletes a job once its TTL passes, so the deletion arrives while that
+    # timer still runs; kopf re-checks a running timer before dropping its finalizer
+    # only every cancellation_polling seconds (default 60).
+    settings.background.cancellation_polling = 1
+    settings.watching.server_timeout = int(os.environ.get("NETSENSE_WATCH_TIMEOUT", "120"))
 
 
 def _create(kind: str, body: dict, namespace: str) -> None:
