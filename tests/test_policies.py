@@ -108,3 +108,18 @@ def test_overlap_picks_the_cheaper_collective():
     few = OverlapController(n, 2, budget=1.0, min_density=0.05, probe_every=1000)
     few.update(m(0, 1.0, compute=0.1, wire=1e6))
     assert not few.decide().dense  # with 2 workers sparse at 5% is far cheaper
+
+
+def test_overlap_counts_selection_time_against_the_budget():
+    n, world = 10_000_000, 2
+    bw = 200e6 / 8
+    free = OverlapController(n, world, budget=0.3, probe_every=1000)
+    free.update(m(0, 1.0, compute=0.2, wire=bw))
+    costly = OverlapController(n, world, budget=0.3, probe_every=1000)
+    costly.update(m(0, 1.0, compute=0.2, wire=bw))
+    # Selecting 100k elements took 60 ms: 0.6 us per element, more than the wire's 0.24 us.
+    costly.update(StepMeasurement(1.0 * bw, 0, 1.0, 0.2, 1.0, selection_seconds=0.06, elements_sent=100_000))
+    k_free = free.decide().density * n
+    k_costly = costly.decide().density * n
+    assert k_free == pytest.approx(0.3 * 0.2 * bw / 6, rel=0.01)
+    assert k_costly < 0.5 * k_free

@@ -104,7 +104,8 @@ class CompressionState:
         self._finished = True
         now = time.perf_counter()
         busy = self.timer.busy()
-        compute = max(1e-6, (now - self._step_start) - self.timer.exposed())
+        # Compute = the step minus waiting for the network minus our own selection work.
+        compute = max(1e-6, (now - self._step_start) - self.timer.exposed() - self.selection_seconds)
         record = {
             "step": self.step,
             "density": self.elements_sent / self.elements_total if self.elements_total else 1.0,
@@ -115,6 +116,7 @@ class CompressionState:
             "comm_seconds": busy,
             "compute_seconds": compute,
             "selection_seconds": self.selection_seconds,
+            "elements_sent": self.elements_sent if not self.decision.dense else 0.0,
             "grad_norm": math.sqrt(float(self.grad_sq)),
             **(self.policy.telemetry() if self.policy else {}),
         }
@@ -138,7 +140,8 @@ class CompressionState:
         # Share this rank's view of the last step; used one step from now.
         if last is not None and self.policy is not None:
             mine = torch.tensor([last["wire_bytes"], last["payload_bytes"], last["comm_seconds"],
-                                 last["compute_seconds"], last["grad_norm"]], dtype=torch.float64, device=device)
+                                 last["compute_seconds"], last["grad_norm"], last["selection_seconds"],
+                                 last["elements_sent"]], dtype=torch.float64, device=device)
             assert mine.numel() == _MEASURE_FIELDS
             self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
         self._reset_counters()

@@ -38,7 +38,7 @@ PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"
 
-MODELS = ("resnet18", "vgg16", "mlp", "cnn")
+MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn")
 DATASETS = ("cifar10", "cifar100", "digits", "synthetic")
 METHODS = ("allreduce", "fp16", "powersgd", "topk", "netsense", "overlap", "ours")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
