@@ -285,6 +285,16 @@ def measure_ceiling(grid: dict, out_dir: str) -> float | None:
     return r["throughput_samples_per_s"] * workers
 
 
+def _previous(cell_dir: str) -> dict | None:
+    """A cell finished by an earlier, interrupted run into the same --out directory."""
+    try:
+        with open(os.path.join(cell_dir, "result.json")) as fh:
+            r = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return r if r.get("status") == "Succeeded" else None
+
+
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default") -> int:
     name, cells, grid = load_grid(grid_path)
     out_dir = out_dir or os.path.join("runs", f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -300,7 +310,11 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         print(f"[{i + 1}/{len(cells)}] {cell.method} x {cell.scenario} seed {cell.seed} "
               f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
         cell_dir = os.path.join(out_dir, cell.name)
-        r = run_cluster(cell, namespace) if cluster else run_local(cell, cell_dir)
+        r = None if cluster else _previous(cell_dir)
+        if r is not None:
+            print("    (reusing the finished result in this output directory)", file=sys.stderr)
+        else:
+            r = run_cluster(cell, namespace) if cluster else run_local(cell, cell_dir)
         r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
                  timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
         if r.get("timeline") and not os.path.exists(r["timeline"]):

@@ -13,10 +13,12 @@ from netsense.spec import SpecError
 METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "overlap"]
 
 
-def _ddp(model):
+def _ddp(model, config=None):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, gradient_as_bucket_view=True)
+    from netsense.compression import ddp_options
+
+    return DDP(model, gradient_as_bucket_view=True, **ddp_options(config, "gloo"))
 
 
 def _tiny_mlp(seed=0, bucket_mb=None):
@@ -93,7 +95,7 @@ def train_method(rank, world, method, steps, extra):
 
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp())
+    model = _ddp(_tiny_mlp(), {"method": method, **extra})
     state = register(model, {"method": method, **extra})
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = []
@@ -201,3 +203,21 @@ def test_fast_topk_selects_exactly_the_largest():
         want = set(torch.topk(x, k).indices.tolist())
         assert len(got) == k
         assert got == want
+
+
+def powersgd_two_buckets(rank, world):
+    from netsense.compression import register
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))  # > 1 MB
+    ddp = _ddp(model, {"method": "powersgd", "startIter": 2})
+    register(ddp, {"method": "powersgd", "startIter": 2})
+    for step in range(5):
+        ddp.zero_grad()
+        x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step * 10 + rank))
+        ddp(x).pow(2).mean().backward()
+    return True
+
+
+def test_powersgd_with_several_buckets_does_not_deadlock_on_gloo():
+    assert run_world(powersgd_two_buckets, 2, timeout=120) == [True, True]

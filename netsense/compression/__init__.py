@@ -27,7 +27,7 @@ from netsense.control.policies import (
 from netsense.spec.job import COMPRESSION
 from netsense.spec.schema import Errors
 
-__all__ = ["CompressionState", "register", "validate_config"]
+__all__ = ["CompressionState", "ddp_options", "register", "validate_config"]
 
 
 def validate_config(config: dict | str | None) -> dict:
@@ -43,6 +43,21 @@ def validate_config(config: dict | str | None) -> dict:
     if parsed["method"] == "ours":
         parsed["method"] = "overlap"
     return parsed
+
+
+def ddp_options(config: dict | str | None, backend: str) -> dict:
+    """Extra DistributedDataParallel arguments a method needs.
+
+    torch's PowerSGD hook blocks inside a completion callback on its next
+    all_reduce. On gloo, callbacks run on the group's worker threads: with two
+    buckets in flight they block each other (a deadlock no timeout ends), and
+    with more threads the nested collectives are issued in a different order on
+    each rank. One bucket (no overlap with the backward pass) is what works.
+    """
+    c = validate_config(config)
+    if c["method"] == "powersgd" and backend == "gloo":
+        return {"bucket_cap_mb": 100_000}
+    return {}
 
 
 def _powersgd_wire(state: powerSGD_hook.PowerSGDState, world: int):

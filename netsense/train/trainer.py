@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from netsense import units
-from netsense.compression import register
+from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
 from netsense.spec import Job, parse_spec
 from netsense.train.data import ShardedBatches, load_dataset
@@ -117,7 +117,7 @@ class Trainer:
         model = build_model(self.t["model"], self.data.input_shape, self.data.classes, self.t["hiddenSize"])
         model.to(self.device)
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                         gradient_as_bucket_view=True)
+                         gradient_as_bucket_view=True, **ddp_options(self.job.compression, self.backend))
         self.hook = register(self.model, self.job.compression, seed=self.t["seed"])
         if self.t["optimizer"] == "adam":
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
@@ -193,7 +193,7 @@ class Trainer:
                 self.opt.step()
                 rec = self.hook.end_step() or {}
                 s.step += 1
-                s.last_loss = float(loss)
+                s.last_loss = float(loss.detach())
                 step_time = time.perf_counter() - t0
                 s.train_time = time.perf_counter() - start - s.eval_seconds
                 self.timeline.add(
