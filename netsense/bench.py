@@ -256,7 +256,8 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
         ax.set_ylabel("density")
         twin.set_ylabel("link Mbit/s")
         ax.set_title(scenario, fontsize=9)
-        ax.legend(fontsize=6, ncol=4)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, ncol=4)
     axes[-1, 0].set_xlabel("training time (s)")
     fig.tight_layout()
     path = os.path.join(out_dir, "density_vs_link.png")

@@ -179,7 +179,7 @@ COMPRESSION = Obj({
     "trq": F(Float(min=0, max=1, doc="netsense: quantize when ratio < trq"), default=0.1),
     "trd": F(Float(min=0, doc="netsense: ... and gradient L2 norm > trd"), default=1e-3),
     "pruneFactor": F(Float(min=0, max=1, doc="netsense: prune at pruneFactor*(1-ratio)"), default=0.5),
-    "commBudget": F(Float(min=0, exclusive_min=True, doc="overlap: comm time allowed per unit of compute time"), default=0.3),
+    "commBudget": F(Float(min=0, exclusive_min=True, doc="overlap: comm time allowed per unit of compute time"), default=3.0),
     "probeEvery": F(Int(min=2, doc="overlap: steps between bandwidth probes"), default=8),
     "probeGain": F(Float(min=1, exclusive_min=True, doc="overlap: payload gain while probing"), default=1.25),
 }, checks=[_check_compression])

@@ -84,7 +84,8 @@ def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
     if est:
         axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
     axes[2].set_ylabel("Mbit/s")
-    axes[2].legend(loc="upper right", fontsize=8)
+    if link or est:
+        axes[2].legend(loc="upper right", fontsize=8)
     acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
     if acc:
         axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red")
