@@ -45,7 +45,8 @@ def _fail(message: str, code: int) -> int:
 
 def cmd_validate(args) -> int:
     job = load_job(args.job)
-    check_local(job) if args.local else None
+    if args.local:
+        check_local(job)
     print(f"{args.job}: valid NetSenseJob {job.name!r} ({job.workers} workers, "
           f"{job.training['model']} on {job.training['dataset']}, method {job.compression['method']})")
     return 0
