@@ -103,12 +103,11 @@ def run_local(cell: Cell, out_dir: str) -> dict:
 
 def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0) -> dict:
     """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    from netsense.kube import load_kube_config
+
+    load_kube_config()
     api = client.CustomObjectsApi()
     name = cell.job["metadata"]["name"]
     try:

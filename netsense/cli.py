@@ -17,7 +17,7 @@ import time
 import yaml
 
 from netsense.spec import SpecError, check_local, load_job
-from netsense.spec.job import read_yaml
+from netsense.spec.job import inline_trace_file, read_yaml
 from netsense.spec.schema import Errors
 
 EPILOG = """examples:
@@ -76,15 +76,15 @@ def _load_profile(args) -> dict:
         raw = json.loads(args.profile_json)
     else:
         raw = read_yaml(args.profile, "profile", "--profile")
-    errors = Errors()
-    parsed = PROFILE.parse(raw, "profile", errors)
-    if errors:
-        raise SpecError(errors)
-    if parsed["type"] == "trace" and "file" in parsed:
-        from netsense.spec.job import read_trace
-
-        base = os.path.dirname(os.path.abspath(args.profile or "."))
-        parsed["points"] = read_trace(os.path.join(base, parsed.pop("file")), "profile.file")
+    for _ in range(2):  # a second pass validates the points of an inlined trace file
+        errors = Errors()
+        parsed = PROFILE.parse(raw, "profile", errors)
+        if errors:
+            raise SpecError(errors)
+        # --profile-json: a trace file is relative to the working directory
+        if not inline_trace_file(parsed, args.profile or os.path.join(os.getcwd(), "-"), "profile.file"):
+            break
+        raw = parsed
     return parsed
 
 

@@ -33,7 +33,6 @@ are only stable afterwards (the residual memory is keyed by them).
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -265,6 +264,3 @@ def torch_hook(state: TorchHookState, bucket: dist.GradBucket) -> torch.futures.
 
     return fut.then(finish)
 
-
-def decision_dict(d: Decision) -> dict:
-    return asdict(d)

@@ -15,18 +15,21 @@
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import logging
 import os
 import time
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from netsense import units
+from netsense.kube import load_kube_config
 from netsense.kube import resources as res
 from netsense.kube import status as st
-from netsense.shaping.profiles import build_profile
+from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, parse_spec
 
 RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
@@ -57,10 +60,7 @@ def custom() -> client.CustomObjectsApi:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    load_kube_config()
     settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
     settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
     settings.execution.max_workers = 32
@@ -95,12 +95,17 @@ def _delete_pods(namespace: str, pods: list[dict]) -> None:
 def _list_pods(namespace: str, name: str, attempt: int | None = None) -> list[dict]:
     selector = f"{res.LABEL_JOB}={name}" + (f",{res.LABEL_ATTEMPT}={attempt}" if attempt is not None else "")
     pods = core().list_namespaced_pod(namespace, label_selector=selector).items
-    return [client.ApiClient().sanitize_for_serialization(p) for p in pods]
+    return [core().api_client.sanitize_for_serialization(p) for p in pods]
 
 
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, epoch: float) -> None:
     for rank in range(job.workers):
         _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, epoch), namespace)
+
+
+def _invalid(patch: kopf.Patch, message: str) -> None:
+    patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=message, completionTime=st.now_iso(),
+                        conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", message))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -112,15 +117,12 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
     try:
         job = parse_spec(copy.deepcopy(dict(spec)), name)
     except SpecError as e:
-        patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=str(e), completionTime=st.now_iso(),
-                            conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", str(e)))
+        _invalid(patch, str(e))
         logger.warning(f"invalid spec: {e}")
         return
     profile = job.network.get("profile")
     if profile and profile["type"] == "trace" and "file" in profile:
-        msg = "spec.network.profile.file: trace files cannot be read in a cluster; inline them as points"
-        patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=msg, completionTime=st.now_iso(),
-                            conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", msg))
+        _invalid(patch, "spec.network.profile.file: trace files cannot be read in a cluster; inline them as points")
         return
     epoch = time.time()
     _create("Service", res.service(job, namespace, uid), namespace)
@@ -141,8 +143,14 @@ def _update(patch: kopf.Patch, status: dict, **fields) -> None:
             patch.status[key] = value
 
 
+@functools.lru_cache(maxsize=256)
+def _profile(profile_json: str) -> Profile | None:
+    """Built once per distinct profile: a fluctuating one is thousands of points."""
+    return build_profile(json.loads(profile_json))
+
+
 def _network_status(job: Job, epoch: float) -> dict | None:
-    profile = build_profile(job.network.get("profile"))
+    profile = _profile(json.dumps(job.network.get("profile"), sort_keys=True))
     if profile is None:
         return None
     t = time.time() - epoch
@@ -157,11 +165,13 @@ def _progress(namespace: str, pod: dict) -> dict | None:
     return st.last_progress(text or "")
 
 
+def _ttl(status: dict) -> int | None:
+    return (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished")
+
+
 def _needs_reconcile(status: dict, **_) -> bool:
     """Finished jobs need the timer only to expire after ttlSecondsAfterFinished."""
-    if status.get("phase") not in st.FINISHED:
-        return True
-    return (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished") is not None
+    return status.get("phase") not in st.FINISHED or _ttl(status) is not None
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
@@ -243,7 +253,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
 
 def _expire(name: str, namespace: str, status: dict) -> None:
     """ttlSecondsAfterFinished: delete the finished job (its pods go with it)."""
-    ttl = (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished")
+    ttl = _ttl(status)
     done = status.get("completionTime")
     if ttl is None or not done or time.time() - st.parse_iso(done) < ttl:
         return

@@ -302,14 +302,20 @@ def read_yaml(path: str, what: str = "file", field: str | None = None) -> Any:
         raise SpecError([Issue(where_field, f"not valid YAML{where}: {getattr(e, 'problem', e)}")]) from None
 
 
+def inline_trace_file(profile: dict | None, relative_to: str, field_path: str) -> bool:
+    """Replace a trace profile's ``file`` (relative to the file at ``relative_to``) by its
+    ``points``, so the profile can travel to a pod. Returns whether it did."""
+    if not profile or profile["type"] != "trace" or "file" not in profile:
+        return False
+    base = os.path.dirname(os.path.abspath(relative_to))
+    profile["points"] = read_trace(os.path.join(base, profile.pop("file")), field_path)
+    return True
+
+
 def load_job(path: str) -> Job:
     """Read and validate a job file; trace files are resolved relative to it and inlined."""
     job = parse_job(read_yaml(path, "job file"))
-    profile = job.network.get("profile")
-    if profile and profile["type"] == "trace" and "file" in profile:
-        trace_path = os.path.join(os.path.dirname(os.path.abspath(path)), profile["file"])
-        profile["points"] = read_trace(trace_path, "spec.network.profile.file")
-        del profile["file"]
+    if inline_trace_file(job.network.get("profile"), path, "spec.network.profile.file"):
         job = parse_job(job.manifest())  # re-validate the inlined points
     return job
 
