@@ -121,6 +121,18 @@ def train_method(rank, world, method, steps, extra):
     return flat.tolist(), decisions, held_out
 
 
+def train_on_path(rank, world, native_ranks, steps, config):
+    """train_method with the fused kernels on the ranks in native_ranks, PyTorch elsewhere."""
+    import os
+
+    from netsense.compression import native
+
+    os.environ["NETSENSE_NATIVE"] = "1" if rank in native_ranks else "0"
+    native.library.cache_clear()
+    assert (native.library() is not None) == (rank in native_ranks)
+    return train_method(rank, world, config.pop("method"), steps, config)
+
+
 # ---- tests ------------------------------------------------------------------------
 
 def test_topk_at_density_one_equals_allreduce():
@@ -221,3 +233,75 @@ def powersgd_two_buckets(rank, world):
 
 def test_powersgd_with_several_buckets_does_not_deadlock_on_gloo():
     assert run_world(powersgd_two_buckets, 2, timeout=120) == [True, True]
+
+
+def _native():
+    from netsense.compression import native
+
+    if native.library() is None:
+        pytest.fail("the native kernels did not build (is g++ installed?)")
+    return native
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_native_selection_is_exact_and_keeps_what_it_did_not_send(fp16):
+    native = _native()
+    g = torch.Generator().manual_seed(1)
+    cases = [(1_000_000, 10_000), (1_000_003, 100_000), (300_000, 3), (1000, 10), (5000, 5000), (64, 63)]
+    for n, k in cases:
+        residual = torch.randn(n, generator=g)
+        grad = torch.randn(n, generator=g)
+        if n == 1_000_003:  # heavy ties: magnitudes on a coarse grid
+            residual.zero_()
+            grad = grad.mul(4).round()
+        signal = residual + grad
+        packed = native.Selector().select(residual, grad, k, fp16, True, g)
+        idx = packed[:4 * k].view(torch.int32).long()
+        val = packed[4 * k:].view(torch.float16 if fp16 else torch.float32).float()
+        assert idx.numel() == k and bool((idx[1:] > idx[:-1]).all()), f"n={n}: not k ascending indices"
+        want = torch.topk(signal.abs(), k).values.sort().values
+        torch.testing.assert_close(signal.abs()[idx].sort().values, want, rtol=0, atol=0)
+        torch.testing.assert_close(val, signal[idx].half().float() if fp16 else signal[idx], rtol=0, atol=0)
+        # error feedback: what is left plus what was sent is the whole signal
+        torch.testing.assert_close(residual.index_add(0, idx, val), signal, rtol=0, atol=1e-6)
+
+
+def test_native_selection_skips_pruned_entries():
+    native = _native()
+    g = torch.Generator().manual_seed(2)
+    n, k = 200_000, 2_000
+    signal = torch.randn(n, generator=g)
+    weights = torch.randn(n, generator=g)
+    packed = native.Selector().select(signal.clone(), None, k, False, False, g, weights, prune_below=0.5)
+    idx = packed[:4 * k].view(torch.int32).long()
+    eligible = signal.abs().masked_fill(weights.abs() < 0.5, -1)
+    assert bool((weights.abs()[idx] >= 0.5).all())
+    assert set(idx.tolist()) == set(torch.topk(eligible, k).indices.tolist())
+
+
+def test_native_decode_sums_every_rank_like_index_add():
+    native = _native()
+    g = torch.Generator().manual_seed(3)
+    n, k, world = 100_000, 3_000, 3
+    chunks = [native.Selector().select(torch.randn(n, generator=g), None, k, True, False, g)
+              for _ in range(world)]
+    want = torch.zeros(n)
+    for c in chunks:
+        want.index_add_(0, c[:4 * k].view(torch.int32).long(), c[4 * k:].view(torch.float16).float() / world)
+    got = torch.full((n,), float("nan"))
+    assert native.decode(got, chunks, k, True, world)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    shuffled = chunks[1].clone()
+    shuffled[:8] = chunks[1][4:12]  # indices 1, 2 swapped with 0, 1: not ascending
+    assert not native.decode(got, [chunks[0], shuffled], k, True, world)
+
+
+def test_native_and_pytorch_paths_train_identically_even_mixed():
+    config = {"method": "topk", "density": 0.05}
+    runs = {name: run_world(train_on_path, 2, ranks, 6, dict(config))
+            for name, ranks in [("native", [0, 1]), ("pytorch", []), ("mixed", [1])]}
+    base = torch.tensor(runs["native"][0][0])
+    for name, results in runs.items():
+        for rank, r in enumerate(results):
+            torch.testing.assert_close(torch.tensor(r[0]), base, rtol=0, atol=1e-7,
+                                       msg=f"{name} rank {rank} differs from the native run")

@@ -19,7 +19,8 @@ Per step (detected by bucket index 0, which DDP always launches first):
 
 Dense path: ``g/N`` all_reduced (fp32 or fp16). Sparse path: error feedback
 (residual + g), optional pruning of smallest-|weight| entries, exact TopK of the
-magnitude, then one all_gather of each rank's packed (values, int32 indices);
+magnitude (fused CPU kernels in native.cpp, or eager PyTorch on GPUs and where
+no compiler is found; both give the same result), then one all_gather of each rank's packed (values, int32 indices);
 every rank's contribution is *accumulated* with ``index_add_`` (colliding
 indices sum, signs kept) and the sum divided by the world size:
 
@@ -38,8 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from netsense.compression import native
 from netsense.compression.memory import ResidualMemory
-from netsense.compression.selection import Workspace, smallest_fraction_mask, topk_indices
+from netsense.compression.selection import (
+    Workspace,
+    prune_threshold,
+    smallest_fraction_mask,
+    topk_indices,
+)
 from netsense.compression.timing import IntervalTimer
 from netsense.control.policies import (
     Decision,
@@ -65,6 +72,7 @@ class CompressionState:
         self.need_grad_norm = need_grad_norm
         self.memory = ResidualMemory()
         self.workspaces: dict[int, Workspace] = {}
+        self.selectors: dict[int, native.Selector] = {}
         self.generator_seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self.step = -1
@@ -175,21 +183,9 @@ class CompressionState:
         t0 = time.perf_counter()
         buf = bucket.buffer()
         n = buf.numel()
-        ws = self.workspaces.setdefault(bucket.index(), Workspace())
-        gen = self._generator(buf.device)
-        signal = self.memory.compensate(bucket.index(), buf) if self.error_feedback else buf
-        magnitude = torch.abs(signal, out=ws.get("magnitude", n, buf.dtype, buf.device))
-        if d.prune > 0:
-            weights = _flat_weights(bucket, ws)
-            if weights is not None:
-                magnitude.masked_fill_(smallest_fraction_mask(weights, d.prune, gen, ws), 0)
         k = max(1, min(n, math.ceil(d.density * n)))
-        indices = topk_indices(magnitude, k, gen, ws)
-        values = signal[indices].to(torch.float16 if d.fp16 else buf.dtype)
-        if self.error_feedback:
-            ResidualMemory.sent(signal, indices, values)
-        # Indices first: 4k bytes keep the values' offset aligned for any dtype view.
-        packed = torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
+        fast = native.usable(buf)
+        packed = self._select_native(bucket, d, k) if fast else self._select_torch(bucket, d, k)
         gathered = [torch.empty_like(packed) for _ in range(self.world)]
         self.selection_seconds += time.perf_counter() - t0
         self.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
@@ -198,18 +194,53 @@ class CompressionState:
         self.elements_total += n
         timer, token = self.timer, self.timer.start()
         fut = dist.all_gather(gathered, packed, group=self.group, async_op=True).get_future()
-        index_bytes = 4 * k
+        value_dtype = torch.float16 if d.fp16 else buf.dtype
 
         def finish(_: torch.futures.Future) -> torch.Tensor:
             timer.stop(token)
+            if fast and native.decode(buf, gathered, k, d.fp16, self.world):
+                return buf
             buf.zero_()
             for chunk in gathered:
-                i = chunk[:index_bytes].view(torch.int32).to(torch.long)
-                v = chunk[index_bytes:].view(values.dtype).to(buf.dtype).div_(self.world)
+                i = chunk[:4 * k].view(torch.int32).to(torch.long)
+                v = chunk[4 * k:].view(value_dtype).to(buf.dtype).div_(self.world)
                 buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
             return buf
 
         return fut.then(finish)
+
+    def _select_native(self, bucket: dist.GradBucket, d: Decision, k: int) -> torch.Tensor:
+        """Fused kernels (native.cpp): error feedback, exact TopK and packing in ~1 pass."""
+        buf = bucket.buffer()
+        gen = self._generator(buf.device)
+        weights, prune_below = None, 0.0
+        if d.prune > 0:
+            weights = _flat_weights(bucket, self.workspaces.setdefault(bucket.index(), Workspace()))
+            if weights is not None:
+                prune_below = prune_threshold(weights, d.prune, gen)
+        signal = self.memory.slot(bucket.index(), buf) if self.error_feedback else buf
+        selector = self.selectors.setdefault(bucket.index(), native.Selector())
+        return selector.select(signal, buf if self.error_feedback else None, k, d.fp16, self.error_feedback,
+                               gen, weights, prune_below)
+
+    def _select_torch(self, bucket: dist.GradBucket, d: Decision, k: int) -> torch.Tensor:
+        """The same selection in eager PyTorch (GPUs, or CPUs without a compiler)."""
+        buf = bucket.buffer()
+        n = buf.numel()
+        ws = self.workspaces.setdefault(bucket.index(), Workspace())
+        gen = self._generator(buf.device)
+        signal = self.memory.compensate(bucket.index(), buf) if self.error_feedback else buf
+        magnitude = torch.abs(signal, out=ws.get("magnitude", n, buf.dtype, buf.device))
+        if d.prune > 0:
+            weights = _flat_weights(bucket, ws)
+            if weights is not None:
+                magnitude.masked_fill_(smallest_fraction_mask(weights, d.prune, gen, ws), 0)
+        indices = topk_indices(magnitude, k, gen, ws)
+        values = signal[indices].to(torch.float16 if d.fp16 else buf.dtype)
+        if self.error_feedback:
+            ResidualMemory.sent(signal, indices, values)
+        # Indices first: 4k bytes keep the values' offset aligned for any dtype view.
+        return torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
 
     def telemetry(self) -> list[dict]:
         return self.history

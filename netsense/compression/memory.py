@@ -16,18 +16,20 @@ class ResidualMemory:
     def __init__(self) -> None:
         self.residuals: dict[int, torch.Tensor] = {}
 
+    def slot(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        """The bucket's residual (zeros at first), for a caller that adds ``grad`` itself."""
+        r = self.residuals.get(index)
+        if r is None or r.numel() != grad.numel() or r.device != grad.device:
+            r = torch.zeros_like(grad)
+            self.residuals[index] = r
+        return r
+
     def compensate(self, index: int, grad: torch.Tensor) -> torch.Tensor:
         """residual += grad; returns the residual, which now holds the full signal.
 
         The caller selects from it and subtracts what it sends (see :meth:`sent`).
         """
-        r = self.residuals.get(index)
-        if r is None or r.numel() != grad.numel() or r.device != grad.device:
-            r = grad.detach().clone()
-            self.residuals[index] = r
-        else:
-            r.add_(grad)
-        return r
+        return self.slot(index, grad).add_(grad)
 
     @staticmethod
     def sent(residual: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:

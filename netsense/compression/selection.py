@@ -94,15 +94,21 @@ def topk_indices(magnitude: torch.Tensor, k: int, generator: torch.Generator | N
     return torch.cat([candidates[sure], candidates[picked]])
 
 
+def prune_threshold(values: torch.Tensor, fraction: float, generator: torch.Generator | None = None) -> float:
+    """|value| below which about ``fraction`` of the entries lie (a sampled quantile)."""
+    n = values.numel()
+    sample = values[torch.randint(0, n, (min(n, SAMPLE),), device=values.device, generator=generator)].abs()
+    return float(torch.quantile(sample.float(), min(1.0, fraction)))
+
+
 def smallest_fraction_mask(values: torch.Tensor, fraction: float, generator: torch.Generator | None = None,
                            workspace: Workspace | None = None) -> torch.Tensor:
     """Boolean mask of (about) the ``fraction`` smallest-|value| entries (sampled quantile)."""
     n = values.numel()
     if fraction <= 0 or n == 0:
         return torch.zeros(n, dtype=torch.bool, device=values.device)
+    threshold = prune_threshold(values, fraction, generator)
     mag = workspace.get("prune_mag", n, values.dtype, values.device) if workspace else None
     mag = torch.abs(values, out=mag) if mag is not None else values.abs()
-    sample = mag[torch.randint(0, n, (min(n, SAMPLE),), device=values.device, generator=generator)]
-    threshold = torch.quantile(sample.float(), min(1.0, fraction))
     out = workspace.get("prune_mask", n, torch.bool, values.device) if workspace else None
     return torch.lt(mag, threshold, out=out) if out is not None else mag < threshold

@@ -1,0 +1,197 @@
+"""The fused CPU kernels of native.cpp: build once, load with ctypes, select with them.
+
+Why: on one CPU thread the sparse path is memory-bound, and eager PyTorch reads
+and writes the whole bucket five times per step (see native.cpp). The kernels
+do error feedback, thresholding and candidate extraction in one pass, then rank
+only the candidates, so selection costs about one pass over the gradient.
+
+Build: ``c++ -O3 -march=native`` (g++ >= 12 or clang >= 15, for ``_Float16``) into
+``$NETSENSE_NATIVE_DIR`` (default ``~/.cache/netsense/native``), named by a hash
+of the source, the flags and the compiler, written atomically so concurrent
+workers can race safely. Nothing needs torch headers: about a second.
+``NETSENSE_NATIVE=0`` turns it off; without a compiler the hooks use the
+PyTorch path (selection.py) and say so once. GPUs always use the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from netsense.compression.selection import SAMPLE
+
+SOURCE = Path(__file__).with_name("native.cpp")
+# -march=native: F16C converts halves in hardware (GCC emulates _Float16 in software
+# without it, 10x slower) and AVX2 widens the scan. The library is built on the
+# machine that runs it (the key includes the CPU's flags), so native is safe.
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
+
+
+class NativeUnavailable(RuntimeError):
+    pass
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise NativeUnavailable("no C++ compiler found (set CXX, or install g++)")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile native.cpp unless a library for this source and compiler exists; its path."""
+    directory = Path(directory or os.environ.get("NETSENSE_NATIVE_DIR") or Path.home() / ".cache/netsense/native")
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()
+                         + _cpu_flags().encode()).hexdigest()[:16]
+    target = directory / f"netsense-native-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NativeUnavailable(f"{cxx} failed: {proc.stderr.strip()[-500:]}")
+        os.replace(tmp, target)  # atomic: a racing worker sees the old name or the whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (disabled, or unavailable: reported once on stderr)."""
+    if os.environ.get("NETSENSE_NATIVE", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (NativeUnavailable, OSError) as e:
+        print(f"netsense: native CPU kernels unavailable ({e}); using the slower PyTorch path",
+              file=sys.stderr)
+        return None
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    lib.ns_sample.argtypes = [ptr, ptr, i64, ptr, f32, ptr, i64, i64]
+    lib.ns_sample.restype = None
+    lib.ns_scan.argtypes = [ptr, ptr, i64, f32, ptr, f32, ptr, ptr, i64]
+    lib.ns_scan.restype = i64
+    lib.ns_take.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr, ptr, ctypes.c_int, ctypes.c_int]
+    lib.ns_take.restype = None
+    lib.ns_decode.argtypes = [ptr, i64, ptr, ctypes.c_int, i64, ctypes.c_int, f32]
+    lib.ns_decode.restype = ctypes.c_int
+    return lib
+
+
+def usable(t: torch.Tensor) -> bool:
+    return (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+            and t.numel() < 2**31 and library() is not None)
+
+
+class Selector:
+    """Fused error feedback + exact TopK + packing for one bucket.
+
+    Thresholds come from a strided sample of this step's magnitudes, 4 standard
+    deviations of the sampled count either side of k (as in selection.py). If
+    fewer than k elements reach ``lo`` the pass is repeated read-only with a
+    lower one: the result is exact either way, only the unlucky step is slower.
+    """
+
+    def __init__(self) -> None:
+        self.cand = torch.empty(0, dtype=torch.int32)  # candidate indices
+        self.cand_val = torch.empty(0, dtype=torch.float32)  # and their values
+        self.retries = 0  # passes repeated so far
+
+    @staticmethod
+    def _quantile_above(sample: torch.Tensor, fraction: float) -> float:
+        """The value with about ``fraction`` of the sample at or above it."""
+        m = sample.numel()
+        if fraction >= 1:
+            return 0.0
+        if fraction <= 0:
+            return math.inf
+        return float(sample.kthvalue(min(m, max(1, round(m * (1 - fraction))))).values)
+
+    def select(self, signal: torch.Tensor, grad: torch.Tensor | None, k: int, fp16: bool,
+               error_feedback: bool, generator: torch.Generator, weights: torch.Tensor | None = None,
+               prune_below: float = 0.0) -> torch.Tensor:
+        """Packed int32 indices then values (fp16 or fp32) of the k largest |signal + grad|.
+
+        With grad, signal += grad first (in place). With error_feedback, what is
+        sent is subtracted from signal. Indices come out ascending. Pruned
+        entries (|weights| < prune_below) are not chosen unless fewer than k
+        others remain.
+        """
+        lib = library()
+        n = signal.numel()
+        g_ptr = grad.data_ptr() if grad is not None else None
+        w_ptr = weights.data_ptr() if weights is not None else None
+        stride = max(1, n // SAMPLE)
+        offset = int(torch.randint(0, stride, (1,), generator=generator)) if stride > 1 else 0
+        sample = torch.empty((n - offset + stride - 1) // stride, dtype=torch.float32)
+        lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, offset)
+        p = k / n
+        eps = 4.0 / math.sqrt(sample.numel() * p) + 0.005
+        lo = self._quantile_above(sample, p * (1 + eps))
+        hi = self._quantile_above(sample, p * (1 - eps))
+        cap = int(k * (1 + 2 * eps)) + 4096
+        self._reserve(cap)
+        count = self._scan(signal, g_ptr, lo, w_ptr, prune_below, cap)
+        while count < k or count > cap:  # the sample was unlucky: scan again (read-only now)
+            self.retries += 1
+            if count > cap:
+                cap = count
+                self._reserve(cap)
+            elif lo > 0.0:
+                eps = eps * 2 + 0.5
+                lo = self._quantile_above(sample, p * (1 + eps))
+            else:  # pruning left fewer than k elements: rank all of them, pruned ones too
+                w_ptr = None
+            count = self._scan(signal, None, lo, w_ptr, prune_below, cap)
+        value_bytes = 2 if fp16 else 4
+        packed = torch.empty(k * (4 + value_bytes), dtype=torch.uint8)
+        lib.ns_take(signal.data_ptr(), self.cand.data_ptr(), self.cand_val.data_ptr(), count, k, hi,
+                    packed.data_ptr(), packed.data_ptr() + 4 * k, int(fp16), int(error_feedback))
+        return packed
+
+    def _reserve(self, cap: int) -> None:
+        if self.cand.numel() < cap:
+            self.cand = torch.empty(cap, dtype=torch.int32)
+            self.cand_val = torch.empty(cap, dtype=torch.float32)
+
+    def _scan(self, signal: torch.Tensor, g_ptr: int | None, threshold: float, w_ptr: int | None,
+              prune_below: float, cap: int) -> int:
+        return library().ns_scan(signal.data_ptr(), g_ptr, signal.numel(), threshold, w_ptr, prune_below,
+                                 self.cand.data_ptr(), self.cand_val.data_ptr(), cap)
+
+
+def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, divisor: float) -> bool:
+    """buf = sum over chunks of scatter(indices, values / divisor), chunks packed by
+    Selector.select. False (buf undefined) if some chunk's indices are not ascending,
+    e.g. it came from a rank on the PyTorch path: decode those with index_add_."""
+    ptrs = (ctypes.c_void_p * len(chunks))(*(c.data_ptr() for c in chunks))
+    return library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, int(fp16), divisor) == 0
+
+
+if __name__ == "__main__":  # `python -m netsense.compression.native`: build ahead (images do)
+    print(build())
