@@ -279,21 +279,24 @@ def test_native_selection_skips_pruned_entries():
     assert set(idx.tolist()) == set(torch.topk(eligible, k).indices.tolist())
 
 
-def test_native_decode_sums_every_rank_like_index_add():
+@pytest.mark.parametrize("k", [30, 3_000])  # scattered, merged
+def test_native_decode_sums_every_rank_like_index_add(k):
     native = _native()
     g = torch.Generator().manual_seed(3)
-    n, k, world = 100_000, 3_000, 3
-    chunks = [native.Selector().select(torch.randn(n, generator=g), None, k, True, False, g)
+    n, world = 100_000, 3
+    chunks = [native.Selector().select(torch.randn(n, generator=g), None, k, True, False, g).clone()
               for _ in range(world)]
-    want = torch.zeros(n)
-    for c in chunks:
-        want.index_add_(0, c[:4 * k].view(torch.int32).long(), c[4 * k:].view(torch.float16).float() / world)
-    got = torch.full((n,), float("nan"))
-    assert native.decode(got, chunks, k, True, world)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # Entries 0 and 1 swapped (indices and values): not ascending, as from the PyTorch path.
     shuffled = chunks[1].clone()
-    shuffled[:8] = chunks[1][4:12]  # indices 1, 2 swapped with 0, 1: not ascending
-    assert not native.decode(got, [chunks[0], shuffled], k, True, world)
+    shuffled[:4 * k].view(torch.int32)[:2] = chunks[1][:4 * k].view(torch.int32)[:2].flip(0)
+    shuffled[4 * k:].view(torch.float16)[:2] = chunks[1][4 * k:].view(torch.float16)[:2].flip(0)
+    for case in (chunks, [chunks[0], shuffled, chunks[2]]):
+        want = torch.zeros(n)
+        for c in case:
+            want.index_add_(0, c[:4 * k].view(torch.int32).long(), c[4 * k:].view(torch.float16).float() / world)
+        got = torch.full((n,), float("nan"))
+        native.decode(got, case, k, True, world)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_native_and_pytorch_paths_train_identically_even_mixed():

@@ -186,7 +186,9 @@ class CompressionState:
         k = max(1, min(n, math.ceil(d.density * n)))
         fast = native.usable(buf)
         packed = self._select_native(bucket, d, k) if fast else self._select_torch(bucket, d, k)
-        gathered = [torch.empty_like(packed) for _ in range(self.world)]
+        # Reused across steps (DDP finishes a bucket before its next step begins).
+        ws = self.workspaces.setdefault(bucket.index(), Workspace())
+        gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         self.selection_seconds += time.perf_counter() - t0
         self.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
         self.payload_bytes += packed.numel()
@@ -198,7 +200,8 @@ class CompressionState:
 
         def finish(_: torch.futures.Future) -> torch.Tensor:
             timer.stop(token)
-            if fast and native.decode(buf, gathered, k, d.fp16, self.world):
+            if fast:
+                native.decode(buf, gathered, k, d.fp16, self.world)
                 return buf
             buf.zero_()
             for chunk in gathered:

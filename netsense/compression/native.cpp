@@ -15,6 +15,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kBlock = 64;
@@ -28,7 +32,27 @@ int64_t scan(float* __restrict signal, const float* __restrict grad, int64_t n, 
              const float* __restrict weights, float prune_below, int32_t* __restrict cand,
              float* __restrict cand_val, int64_t cap) {
   int64_t count = 0;
-  for (int64_t base = 0; base < n; base += kBlock) {
+  int64_t base = 0;
+#if defined(__AVX512F__)
+  // 16 lanes at a time; hits are packed with compress-stores, no branch per element.
+  const __m512 thr = _mm512_set1_ps(threshold);
+  const __m512 below = _mm512_set1_ps(prune_below);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (; base + 16 <= n && count + 16 <= cap; base += 16) {
+    __m512 v = _mm512_loadu_ps(signal + base);
+    if (kAddGrad) {
+      v = _mm512_add_ps(v, _mm512_loadu_ps(grad + base));
+      _mm512_storeu_ps(signal + base, v);
+    }
+    __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(v), thr, _CMP_GE_OQ);
+    if (weights) hit &= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(weights + base)), below, _CMP_GE_OQ);
+    if (!hit) continue;
+    _mm512_mask_compressstoreu_epi32(cand + count, hit, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(base))));
+    _mm512_mask_compressstoreu_ps(cand_val + count, hit, v);
+    count += __builtin_popcount(hit);
+  }
+#endif
+  for (; base < n; base += kBlock) {
     const int64_t end = std::min(base + kBlock, n);
     int hot = 0;
     // Vectorizable: the add, the store and an OR-reduction of the comparison.
@@ -148,37 +172,46 @@ void ns_take(float* signal, const int32_t* cand, const float* cand_val, int64_t 
   }
 }
 
-// The inverse, for every rank's chunk at once: buf = sum over r of
-// scatter(idx_r, val_r / divisor), in one sequential pass (zeros between the
-// indices, which are ascending in every chunk) instead of zeroing buf and
-// adding each chunk with a read-modify-write pass. Sums run in rank order from
-// 0, as index_add_ would. val_r is float32, or IEEE half if fp16. Returns -1,
-// with buf partly written, if some chunk's indices are not strictly ascending.
-int ns_decode(float* buf, int64_t n, const uint8_t* const* chunks, int world, int64_t k, int fp16,
+// The inverse, for every rank's chunk: buf = sum over r of scatter(idx_r,
+// val_r / divisor), summed in rank order from 0 as index_add_ would (so both
+// paths give identical bits). val_r is float32, or IEEE half if fp16.
+//
+// Dense results (most cache lines hit) are merged: one sequential write of buf,
+// zeros between the indices, which ascend in every chunk ns_take wrote.
+// Sparse ones (or chunks from elsewhere, not ascending) are zeroed and scattered.
+void ns_decode(float* buf, int64_t n, const uint8_t* const* chunks, int world, int64_t k, int fp16,
                float divisor) {
-  std::vector<int64_t> head(world, 0);
   auto index = [&](int r, int64_t j) { return reinterpret_cast<const int32_t*>(chunks[r])[j]; };
   auto value = [&](int r, int64_t j) {
     const uint8_t* v = chunks[r] + 4 * k;
     return fp16 ? static_cast<float>(reinterpret_cast<const _Float16*>(v)[j])
                 : reinterpret_cast<const float*>(v)[j];
   };
-  int64_t filled = 0;  // buf[0, filled) is final
-  for (;;) {
-    int64_t i = n;
-    for (int r = 0; r < world; ++r)
-      if (head[r] < k) i = std::min<int64_t>(i, index(r, head[r]));
-    if (i == n) break;
-    if (i < filled) return -1;
-    std::fill(buf + filled, buf + i, 0.0f);
-    float sum = 0.0f;
-    for (int r = 0; r < world; ++r)
-      if (head[r] < k && index(r, head[r]) == i) sum += value(r, head[r]++) / divisor;
-    buf[i] = sum;
-    filled = i + 1;
+  if (k * world * 16 >= n && world <= 16) {
+    int64_t head[16] = {0};
+    int64_t filled = 0;  // buf[0, filled) is final
+    bool ascending = true;
+    for (;;) {
+      int64_t i = n;
+      for (int r = 0; r < world; ++r)
+        if (head[r] < k) i = std::min<int64_t>(i, index(r, head[r]));
+      if (i < filled) {
+        ascending = false;
+        break;
+      }
+      std::fill(buf + filled, buf + i, 0.0f);
+      if (i == n) break;
+      float sum = 0.0f;
+      for (int r = 0; r < world; ++r)
+        if (head[r] < k && index(r, head[r]) == i) sum += value(r, head[r]++) / divisor;
+      buf[i] = sum;
+      filled = i + 1;
+    }
+    if (ascending) return;
   }
-  std::fill(buf + filled, buf + n, 0.0f);
-  return 0;
+  std::memset(buf, 0, n * sizeof(float));
+  for (int r = 0; r < world; ++r)
+    for (int64_t j = 0; j < k; ++j) buf[index(r, j)] += value(r, j) / divisor;
 }
 
 }  // extern "C"

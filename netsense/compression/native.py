@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from netsense.compression.selection import SAMPLE
+from netsense.compression.selection import SAMPLE, Workspace
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -march=native: F16C converts halves in hardware (GCC emulates _Float16 in software
@@ -99,7 +99,7 @@ def library() -> ctypes.CDLL | None:
     lib.ns_take.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr, ptr, ctypes.c_int, ctypes.c_int]
     lib.ns_take.restype = None
     lib.ns_decode.argtypes = [ptr, i64, ptr, ctypes.c_int, i64, ctypes.c_int, f32]
-    lib.ns_decode.restype = ctypes.c_int
+    lib.ns_decode.restype = None
     return lib
 
 
@@ -120,6 +120,7 @@ class Selector:
     def __init__(self) -> None:
         self.cand = torch.empty(0, dtype=torch.int32)  # candidate indices
         self.cand_val = torch.empty(0, dtype=torch.float32)  # and their values
+        self.workspace = Workspace()  # the packed output, reused: fresh 45 MB would page-fault
         self.retries = 0  # passes repeated so far
 
     @staticmethod
@@ -137,6 +138,8 @@ class Selector:
                prune_below: float = 0.0) -> torch.Tensor:
         """Packed int32 indices then values (fp16 or fp32) of the k largest |signal + grad|.
 
+        The result is a view of a buffer the next call reuses: send it before then.
+
         With grad, signal += grad first (in place). With error_feedback, what is
         sent is subtracted from signal. Indices come out ascending. Pruned
         entries (|weights| < prune_below) are not chosen unless fewer than k
@@ -148,7 +151,7 @@ class Selector:
         w_ptr = weights.data_ptr() if weights is not None else None
         stride = max(1, n // SAMPLE)
         offset = int(torch.randint(0, stride, (1,), generator=generator)) if stride > 1 else 0
-        sample = torch.empty((n - offset + stride - 1) // stride, dtype=torch.float32)
+        sample = self.workspace.get("sample", (n - offset + stride - 1) // stride, torch.float32, signal.device)
         lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, offset)
         p = k / n
         eps = 4.0 / math.sqrt(sample.numel() * p) + 0.005
@@ -169,7 +172,7 @@ class Selector:
                 w_ptr = None
             count = self._scan(signal, None, lo, w_ptr, prune_below, cap)
         value_bytes = 2 if fp16 else 4
-        packed = torch.empty(k * (4 + value_bytes), dtype=torch.uint8)
+        packed = self.workspace.get("packed", k * (4 + value_bytes), torch.uint8, signal.device)
         lib.ns_take(signal.data_ptr(), self.cand.data_ptr(), self.cand_val.data_ptr(), count, k, hi,
                     packed.data_ptr(), packed.data_ptr() + 4 * k, int(fp16), int(error_feedback))
         return packed
@@ -185,12 +188,10 @@ class Selector:
                                  self.cand.data_ptr(), self.cand_val.data_ptr(), cap)
 
 
-def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, divisor: float) -> bool:
-    """buf = sum over chunks of scatter(indices, values / divisor), chunks packed by
-    Selector.select. False (buf undefined) if some chunk's indices are not ascending,
-    e.g. it came from a rank on the PyTorch path: decode those with index_add_."""
+def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, divisor: float) -> None:
+    """buf = sum over chunks of scatter(indices, values / divisor), as index_add_ would."""
     ptrs = (ctypes.c_void_p * len(chunks))(*(c.data_ptr() for c in chunks))
-    return library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, int(fp16), divisor) == 0
+    library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, int(fp16), divisor)
 
 
 if __name__ == "__main__":  # `python -m netsense.compression.native`: build ahead (images do)

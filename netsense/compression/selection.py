@@ -36,9 +36,10 @@ class Workspace:
         self.buffers: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer of n elements (grown, never shrunk: sizes vary with the density)."""
         buf = self.buffers.get(name)
         padded = (n + 7) // 8 * 8  # 8-aligned length, so a bool mask can be viewed as int64 words
-        if buf is None or buf.numel() != padded or buf.dtype != dtype or buf.device != device:
+        if buf is None or buf.numel() < padded or buf.dtype != dtype or buf.device != device:
             buf = torch.empty(padded, dtype=dtype, device=device)
             self.buffers[name] = buf
         return buf[:n]
