@@ -2,7 +2,7 @@
 # Build from the repository root: docker build -f images/worker.Dockerfile -t netsense/worker:dev .
 FROM python:3.11.11-slim-bookworm
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iproute2 procps \
+ && apt-get install -y --no-install-recommends iproute2 procps g++ \
  && rm -rf /var/lib/apt/lists/*
 # CPU wheels keep the image ~1 GB instead of several (PyPI's torch is the CUDA build).
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
@@ -12,5 +12,8 @@ COPY pyproject.toml README.md ./
 COPY netsense ./netsense
 RUN pip install --no-cache-dir '.[train]' && rm -rf /src
 WORKDIR /
+# g++ builds the fused CPU compression kernels at a worker's first sparse step (about
+# a second, cached here); without it the slower PyTorch path is used.
+ENV NETSENSE_NATIVE_DIR=/tmp/netsense-native
 ENTRYPOINT []
 CMD ["netsense", "worker"]

@@ -139,6 +139,15 @@ def _spread(values: list[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else (0.0 if values else None)
 
 
+def steps_to_target(result: dict) -> int | None:
+    """The first evaluated step at the target accuracy: accuracy per step, apart from speed."""
+    target = result.get("target_accuracy")
+    for step, _, accuracy in result.get("accuracy_curve") or []:
+        if target is not None and accuracy >= target:
+            return step
+    return None
+
+
 def summarize(results: list[dict]) -> list[dict]:
     """One row per (scenario, method): means and spreads over seeds, and regret."""
     rows: dict[tuple[str, str], dict] = {}
@@ -154,6 +163,7 @@ def summarize(results: list[dict]) -> list[dict]:
             "scenario": row["scenario"], "method": row["method"], "seeds": len(row["runs"]),
             "reached": f"{len(ttas)}/{len(row['runs'])}",
             "tta_mean_s": _mean(ttas) if reached else None, "tta_std_s": _spread(ttas) if reached else None,
+            "steps_to_target": _mean([x for x in map(steps_to_target, runs) if x is not None]) if reached else None,
             "samples_per_s": _mean([r["throughput_samples_per_s"] for r in runs]),
             "best_accuracy": _mean([r["best_accuracy"] for r in runs if r.get("best_accuracy") is not None]),
             "final_accuracy": _mean([r["final_accuracy"] for r in runs if r.get("final_accuracy") is not None]),
@@ -186,19 +196,21 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              f"Target accuracy {t.get('targetAccuracy')} for every method; budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
-             "within the budget). Regret = TTA / best TTA in the scenario.", ""]
+             "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
+             "target (accuracy per step, apart from speed).", ""]
     if ceiling:
         lines += [f"No-communication ceiling, measured in the same run: {ceiling:.0f} samples/s "
                   "(one worker alone, times the number of workers).", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
-                  "| method | TTA s | ± | regret | reached | samples/s | x ceiling | best acc | final acc | density "
-                  "| MB/step | selection ms |",
-                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
+                  "| density | MB/step | selection ms |",
+                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {_fmt(r['tta_mean_s'])} | {_fmt(r['tta_std_s'])} | "
-                             f"{_fmt(r['regret'])} | {r['reached']} | {_fmt(r['samples_per_s'], 0)} | "
+                             f"{_fmt(r['regret'])} | {r['reached']} | {_fmt(r.get('steps_to_target'), 0)} | "
+                             f"{_fmt(r['samples_per_s'], 0)} | "
                              f"{_fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
                              f"{_fmt(r['best_accuracy'], 3)} | {_fmt(r['final_accuracy'], 3)} | "
                              f"{_fmt(r['mean_density'], 4)} | "

@@ -60,7 +60,8 @@ def _r(method, scenario, seed, tta, sps=100.0):
     return {"status": "Succeeded", "method_label": method, "scenario": scenario, "seed": seed,
             "time_to_accuracy_s": tta, "throughput_samples_per_s": sps, "best_accuracy": 0.9,
             "final_accuracy": 0.9, "mean_ratio": 0.1, "bytes_sent_per_worker": 1e6, "steps": 10,
-            "selection_ms_mean": 1.0}
+            "selection_ms_mean": 1.0, "target_accuracy": 0.9,
+            "accuracy_curve": [[5, 1.0, 0.5], [10, 2.0, 0.9 if tta else 0.6], [15, 3.0, 0.95]]}
 
 
 def test_summary_means_spreads_and_regret():
@@ -69,6 +70,7 @@ def test_summary_means_spreads_and_regret():
     by = {r["method"]: r for r in rows}
     assert by["a"]["tta_mean_s"] == 11 and by["a"]["tta_std_s"] == pytest.approx(math.sqrt(2))
     assert by["a"]["regret"] == 1.0 and by["b"]["regret"] == pytest.approx(2.0)
+    assert by["a"]["steps_to_target"] == 10  # first evaluation at or above the target
     # c reached the target with one seed only: not counted as reached, infinite regret
     assert by["c"]["tta_mean_s"] is None and by["c"]["reached"] == "1/2" and math.isinf(by["c"]["regret"])
 

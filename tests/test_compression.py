@@ -266,6 +266,14 @@ def test_native_selection_is_exact_and_keeps_what_it_did_not_send(fp16):
         torch.testing.assert_close(residual.index_add(0, idx, val), signal, rtol=0, atol=1e-6)
 
 
+def test_native_selection_fails_clearly_on_nan_instead_of_spinning():
+    native = _native()
+    signal = torch.full((1000,), float("nan"))
+    signal[:5] = 1.0
+    with pytest.raises(FloatingPointError, match="NaN"):
+        native.Selector().select(signal, None, 10, False, False, torch.Generator())
+
+
 def test_native_selection_skips_pruned_entries():
     native = _native()
     g = torch.Generator().manual_seed(2)
@@ -308,3 +316,4 @@ def test_native_and_pytorch_paths_train_identically_even_mixed():
         for rank, r in enumerate(results):
             torch.testing.assert_close(torch.tensor(r[0]), base, rtol=0, atol=1e-7,
                                        msg=f"{name} rank {rank} differs from the native run")
+

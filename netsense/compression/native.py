@@ -168,8 +168,10 @@ class Selector:
             elif lo > 0.0:
                 eps = eps * 2 + 0.5
                 lo = self._quantile_above(sample, p * (1 + eps))
-            else:  # pruning left fewer than k elements: rank all of them, pruned ones too
+            elif w_ptr is not None:  # pruning left fewer than k elements: rank all of them, pruned ones too
                 w_ptr = None
+            else:  # even |x| >= 0 fails: NaN
+                raise FloatingPointError(f"gradient bucket has {n - count} NaN values; training diverged")
             count = self._scan(signal, None, lo, w_ptr, prune_below, cap)
         value_bytes = 2 if fp16 else 4
         packed = self.workspace.get("packed", k * (4 + value_bytes), torch.uint8, signal.device)

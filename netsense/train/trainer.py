@@ -67,7 +67,7 @@ class RunState:
     final_accuracy: float | None = None
     tta: float | None = None
     last_loss: float = float("nan")
-    eval_seconds: float = 0.0
+    eval_seconds: float = 0.0  # off the training clock: evaluation and the stop agreement
     accuracies: list[tuple[int, float, float]] = field(default_factory=list)  # step, time, acc
 
 
@@ -212,8 +212,11 @@ class Trainer:
                 if s.step >= max_steps:
                     break
                 if s.step % SYNC_EVERY == 0 or self._eval_due(s.step, end_of_epoch):
-                    if self._agree_stop():
-                        stop = True
+                    # Agreeing to stop is part of the measuring, like evaluation: off the training clock.
+                    t_sync = time.perf_counter()
+                    stop = self._agree_stop()
+                    s.eval_seconds += time.perf_counter() - t_sync
+                    if stop:
                         break
             s.epoch += 1
         if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
