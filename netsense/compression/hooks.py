@@ -9,13 +9,15 @@ the backward pass.
 
 Per step (detected by bucket index 0, which DDP always launches first):
 
-1. the previous step's local measurements (wire bytes, busy seconds, compute
-   seconds, gradient norm) are finalized;
-2. the measurements of the step before that, averaged over ranks by a tiny
-   async all_reduce launched one step ago, are fed to the policy -- so every
-   rank feeds the policy identical numbers and gets an identical decision
-   (density, k, fp16, dense or sparse). The price is a two-step lag;
-3. the policy decides this step; the new all_reduce of measurements starts.
+1. the previous step's measurements (wire bytes, busy seconds, compute
+   seconds, gradient norm, ...) were finalized by ``end_step`` (the trainer
+   calls it after the optimizer step, else it runs here), which also launched a
+   tiny async all_reduce averaging them over ranks; it has finished during the
+   forward pass;
+2. the averaged measurements are fed to the policy -- every rank feeds it
+   identical numbers and gets an identical decision (density, k, fp16, dense or
+   sparse), one step after the measured step;
+3. the policy decides this step.
 
 Dense path: ``g/N`` all_reduced (fp32 or fp16). Sparse path: error feedback
 (residual + g), optional pruning of smallest-|weight| entries, exact TopK of the
@@ -79,6 +81,7 @@ class CompressionState:
         self.decision = Decision(fp16=fp16)
         self.timer: IntervalTimer | None = None
         self._agreement: torch.futures.Future | None = None
+        self._device = torch.device("cpu")
         self._step_start = 0.0
         self._reset_counters()
         self.history: list[dict] = []  # one telemetry record per finished step
@@ -128,13 +131,19 @@ class CompressionState:
             **(self.policy.telemetry() if self.policy else {}),
         }
         self.history.append(record)
+        if self.policy is not None:  # agree on this step's numbers while the next forward runs
+            mine = torch.tensor([record["wire_bytes"], record["payload_bytes"], record["comm_seconds"],
+                                 record["compute_seconds"], record["grad_norm"], record["selection_seconds"],
+                                 record["elements_sent"]], dtype=torch.float64, device=self._device)
+            assert mine.numel() == _MEASURE_FIELDS
+            self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
         return record
 
     def _begin_step(self, device: torch.device) -> None:
         self.end_step()
-        last = self.history[-1] if self.history else None
         if self._agreement is not None:
             agreed = self._agreement.wait()[0].tolist()
+            self._agreement = None
             if self.policy is not None and agreed[0] > 0:
                 self.policy.update(StepMeasurement(*(v / self.world for v in agreed)))
         self.step += 1
@@ -144,13 +153,7 @@ class CompressionState:
             self.decision = Decision()
         else:
             self.decision = self.policy.decide()
-        # Share this rank's view of the last step; used one step from now.
-        if last is not None and self.policy is not None:
-            mine = torch.tensor([last["wire_bytes"], last["payload_bytes"], last["comm_seconds"],
-                                 last["compute_seconds"], last["grad_norm"], last["selection_seconds"],
-                                 last["elements_sent"]], dtype=torch.float64, device=device)
-            assert mine.numel() == _MEASURE_FIELDS
-            self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
+        self._device = device
         self._reset_counters()
         self.timer = IntervalTimer(device)
         self._step_start = time.perf_counter()
