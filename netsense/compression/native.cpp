@@ -103,6 +103,16 @@ void ns_sample(const float* signal, const float* grad, int64_t n, const float* w
   }
 }
 
+// The values of rank lo and rank hi (0-based, lo <= hi < m) in ascending order
+// of sample, into out[0] and out[1]; reorders sample. Two partial selections:
+// torch.kthvalue twice costs ~2 ms on 65k values, this ~0.3.
+void ns_ranks(float* sample, int64_t m, int64_t lo, int64_t hi, float* out) {
+  std::nth_element(sample, sample + lo, sample + m);
+  out[0] = sample[lo];
+  if (hi > lo) std::nth_element(sample + lo + 1, sample + hi, sample + m);
+  out[1] = sample[hi];
+}
+
 // One pass over a bucket of n floats. If grad is not null: signal += grad (error
 // feedback, in place). Writes up to cap indices i with |signal[i]| >= threshold
 // (and |weights[i]| >= prune_below when weights is not null) to cand, in

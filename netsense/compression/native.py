@@ -94,6 +94,8 @@ def library() -> ctypes.CDLL | None:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.ns_sample.argtypes = [ptr, ptr, i64, ptr, f32, ptr, i64, i64]
     lib.ns_sample.restype = None
+    lib.ns_ranks.argtypes = [ptr, i64, i64, i64, ptr]
+    lib.ns_ranks.restype = None
     lib.ns_scan.argtypes = [ptr, ptr, i64, f32, ptr, f32, ptr, ptr, i64]
     lib.ns_scan.restype = i64
     lib.ns_take.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr, ptr, ctypes.c_int, ctypes.c_int]
@@ -124,14 +126,16 @@ class Selector:
         self.retries = 0  # passes repeated so far
 
     @staticmethod
-    def _quantile_above(sample: torch.Tensor, fraction: float) -> float:
-        """The value with about ``fraction`` of the sample at or above it."""
+    def _thresholds(sample: torch.Tensor, above_lo: float, above_hi: float) -> tuple[float, float]:
+        """Values with about ``above_lo`` (``above_hi``) of the sample at or above them."""
         m = sample.numel()
-        if fraction >= 1:
-            return 0.0
-        if fraction <= 0:
-            return math.inf
-        return float(sample.kthvalue(min(m, max(1, round(m * (1 - fraction))))).values)
+
+        def rank(fraction: float) -> int:  # 0-based rank in ascending order
+            return min(m - 1, max(0, round(m * (1 - fraction)) - 1))
+
+        out = (ctypes.c_float * 2)()
+        library().ns_ranks(sample.data_ptr(), m, rank(above_lo), rank(above_hi), out)
+        return (0.0 if above_lo >= 1 else out[0]), (math.inf if above_hi <= 0 else out[1])
 
     def select(self, signal: torch.Tensor, grad: torch.Tensor | None, k: int, fp16: bool,
                error_feedback: bool, generator: torch.Generator, weights: torch.Tensor | None = None,
@@ -155,8 +159,7 @@ class Selector:
         lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, offset)
         p = k / n
         eps = 4.0 / math.sqrt(sample.numel() * p) + 0.005
-        lo = self._quantile_above(sample, p * (1 + eps))
-        hi = self._quantile_above(sample, p * (1 - eps))
+        lo, hi = self._thresholds(sample, p * (1 + eps), p * (1 - eps))
         cap = int(k * (1 + 2 * eps)) + 4096
         self._reserve(cap)
         count = self._scan(signal, g_ptr, lo, w_ptr, prune_below, cap)
@@ -167,7 +170,7 @@ class Selector:
                 self._reserve(cap)
             elif lo > 0.0:
                 eps = eps * 2 + 0.5
-                lo = self._quantile_above(sample, p * (1 + eps))
+                lo, _ = self._thresholds(sample, p * (1 + eps), p * (1 - eps))
             elif w_ptr is not None:  # pruning left fewer than k elements: rank all of them, pruned ones too
                 w_ptr = None
             else:  # even |x| >= 0 fails: NaN
