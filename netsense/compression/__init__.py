@@ -4,6 +4,7 @@
     state = register(ddp_model, {"method": "topk", "density": 0.01})
     ...                      # train as usual
     state.end_step()         # optional: this step's telemetry (density, wire bytes, ...)
+    state.finish()           # after the last step, before destroy_process_group()
 
 Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
 (fixed density), netsense (paper-faithful NetSenseML), overlap (ours; alias

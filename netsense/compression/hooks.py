@@ -139,6 +139,17 @@ class CompressionState:
             self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
         return record
 
+    def finish(self) -> None:
+        """End the last step and wait for its measurement agreement.
+
+        Call before destroying the process group: a collective still in flight
+        when the group goes away aborts the process.
+        """
+        self.end_step()
+        if self._agreement is not None:
+            self._agreement.wait()
+            self._agreement = None
+
     def _begin_step(self, device: torch.device) -> None:
         self.end_step()
         if self._agreement is not None:

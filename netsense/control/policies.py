@@ -151,8 +151,11 @@ class OverlapController(Policy):
     peaks where comm = a/(1-a) * C. a depends on the task; on the digits grid
     (testbed/grids/ci.yaml) budgets 0.3, 1 and 3 were measured side by side and
     3 (a ~ 0.75) had the lowest time to accuracy in every scenario, so it is the
-    default. Throughput-bound users can lower it (0.3 keeps ResNet18 near the
-    no-communication ceiling, see the README).
+    default. Throughput-bound users should lower it: on ResNet18 at 200 Mbit,
+    budget 1 runs at 0.76x and 0.3 at 0.86x the no-communication ceiling, 3 at
+    0.37x (testbed/results/throughput.md). A measured replacement for the
+    constant (TopK's captured gradient energy as the progress of a step) was
+    tried and lost on both tasks; see the README.
 
     B is a max filter over a short window (3 steps: a drop shows within 3 steps)
     of bytes/busy-seconds. A small payload under-measures the link (latency

@@ -219,6 +219,7 @@ class Trainer:
                     if stop:
                         break
             s.epoch += 1
+        self.hook.finish()
         if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
             self._evaluate()
         return self._result(samples_per_step, time.perf_counter() - start)
