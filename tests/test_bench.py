@@ -34,11 +34,11 @@ def write(tmp_path, grid) -> str:
 
 
 def test_shipped_grids_load():
-    for name in ("ci.yaml", "paper.yaml", "throughput.yaml"):
+    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml"):
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
         assert cells
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
-    assert len(cells) == 7 * 6 * 2
+    assert len(cells) == 7 * 6 * 3  # methods x profiles x seeds
     assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
 
 
