@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
 from netsense.control.policies import (
     FixedDensity,
@@ -113,6 +114,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             numel, world, budget=c["commBudget"], probe_every=c["probeEvery"], probe_gain=c["probeGain"],
             min_density=c["minRatio"]),
     }[method]()
+    if policy is not None and next(model.parameters()).device.type == "cpu":
+        native.library()  # build or load the sparse kernels now, not inside the first step
     state = CompressionState(policy, process_group, error_feedback=c["errorFeedback"],
                              warmup_steps=c["warmupSteps"], need_grad_norm=method == "netsense" and c["quantize"],
                              seed=seed)

@@ -21,12 +21,14 @@ Per step (detected by bucket index 0, which DDP always launches first):
 
 Dense path: ``g/N`` all_reduced (fp32 or fp16). Sparse path: error feedback
 (residual + g), optional pruning of smallest-|weight| entries, exact TopK of the
-magnitude (fused CPU kernels in native.cpp, or eager PyTorch on GPUs and where
-no compiler is found; both give the same result), then one all_gather of each rank's packed (values, int32 indices);
-every rank's contribution is *accumulated* with ``index_add_`` (colliding
+magnitude, then one all_gather of each rank's packed (values, int32 indices);
+every rank's contribution is *accumulated* as ``index_add_`` would (colliding
 indices sum, signs kept) and the sum divided by the world size:
 
     g_avg = (1/N) * sum_r scatter_add(indices_r, values_r)
+
+On CPUs the sparse path runs in fused kernels (native.cpp); on GPUs, or where no
+compiler is found, in eager PyTorch. Both select the same entries and decode alike.
 
 Iteration 0 is always dense: DDP rebuilds buckets after it, and bucket indices
 are only stable afterwards (the residual memory is keyed by them).
@@ -198,10 +200,10 @@ class CompressionState:
         buf = bucket.buffer()
         n = buf.numel()
         k = max(1, min(n, math.ceil(d.density * n)))
-        fast = native.usable(buf)
-        packed = self._select_native(bucket, d, k) if fast else self._select_torch(bucket, d, k)
-        # Reused across steps (DDP finishes a bucket before its next step begins).
+        # Buffers reused across steps (DDP finishes a bucket before its next step begins).
         ws = self.workspaces.setdefault(bucket.index(), Workspace())
+        fast = native.usable(buf)
+        packed = self._select_native(bucket, d, k, ws) if fast else self._select_torch(bucket, d, k, ws)
         gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         self.selection_seconds += time.perf_counter() - t0
         self.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
@@ -226,13 +228,13 @@ class CompressionState:
 
         return fut.then(finish)
 
-    def _select_native(self, bucket: dist.GradBucket, d: Decision, k: int) -> torch.Tensor:
+    def _select_native(self, bucket: dist.GradBucket, d: Decision, k: int, ws: Workspace) -> torch.Tensor:
         """Fused kernels (native.cpp): error feedback, exact TopK and packing in ~1 pass."""
         buf = bucket.buffer()
         gen = self._generator(buf.device)
         weights, prune_below = None, 0.0
         if d.prune > 0:
-            weights = _flat_weights(bucket, self.workspaces.setdefault(bucket.index(), Workspace()))
+            weights = _flat_weights(bucket, ws)
             if weights is not None:
                 prune_below = prune_threshold(weights, d.prune, gen)
         signal = self.memory.slot(bucket.index(), buf) if self.error_feedback else buf
@@ -240,11 +242,10 @@ class CompressionState:
         return selector.select(signal, buf if self.error_feedback else None, k, d.fp16, self.error_feedback,
                                gen, weights, prune_below)
 
-    def _select_torch(self, bucket: dist.GradBucket, d: Decision, k: int) -> torch.Tensor:
+    def _select_torch(self, bucket: dist.GradBucket, d: Decision, k: int, ws: Workspace) -> torch.Tensor:
         """The same selection in eager PyTorch (GPUs, or CPUs without a compiler)."""
         buf = bucket.buffer()
         n = buf.numel()
-        ws = self.workspaces.setdefault(bucket.index(), Workspace())
         gen = self._generator(buf.device)
         signal = self.memory.compensate(bucket.index(), buf) if self.error_feedback else buf
         magnitude = torch.abs(signal, out=ws.get("magnitude", n, buf.dtype, buf.device))

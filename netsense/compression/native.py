@@ -199,5 +199,5 @@ def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, di
     library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, int(fp16), divisor)
 
 
-if __name__ == "__main__":  # `python -m netsense.compression.native`: build ahead (images do)
+if __name__ == "__main__":  # `python -m netsense.compression.native`: build ahead of the first job
     print(build())
