@@ -99,7 +99,7 @@ def cmd_shape(args) -> int:
         links.append(TcLink(args.dev, impairments=profile.impairments))
     if args.direction in ("ingress", "both"):
         links.append(TcLink(args.dev, ingress=True, impairments=profile.impairments))
-    follower = ProfileFollower(profile, links, epoch=args.epoch)
+    follower = ProfileFollower(profile, links, epoch=args.epoch, start_file=args.start_file)
     try:
         follower.start_shaping()
         if args.ready_file:
@@ -188,7 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", metavar="FILE", help="profile YAML (same mapping as spec.network.profile)")
     g.add_argument("--profile-json", metavar="JSON", help="profile as inline JSON")
     s.add_argument("--direction", choices=("egress", "ingress", "both"), default="egress")
-    s.add_argument("--epoch", type=float, default=None, help="unix time the profile's clock starts (default now)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--epoch", type=float, default=None, help="unix time the profile's clock starts (default now)")
+    g.add_argument("--start-file", metavar="PATH",
+                   help="hold the first step until PATH holds the unix time the clock starts "
+                        "(the trainer writes it at its first step)")
     s.add_argument("--ready-file", metavar="PATH", help="written once the first step is applied")
     s.add_argument("--once", action="store_true", help="apply the current step and exit, leaving it in place")
     s.set_defaults(fn=cmd_shape)

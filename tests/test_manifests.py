@@ -60,4 +60,4 @@ def test_operator_built_pods_validate():
         job = load_job(os.path.join(REPO, "samples", name))
         validate(res.service(job, "default", "uid-1"))
         for rank in range(job.workers):
-            validate(res.worker_pod(job, "default", "uid-1", rank, 0, 1.7e9))
+            validate(res.worker_pod(job, "default", "uid-1", rank, 0))

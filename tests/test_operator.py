@@ -94,6 +94,14 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
         assert sidecar.security_context.capabilities.drop == ["ALL"]
         assert sidecar.command[:4] == ["netsense", "shape", "--dev", "eth0"]
         assert sidecar.startup_probe._exec.command == ["test", "-f", "/tmp/netsense-shaped"]
+        # The profile's clock starts when training does: the trainer tells its shaper
+        # through a file on a volume both mount.
+        start_file = sidecar.command[sidecar.command.index("--start-file") + 1]
+        assert env["NETSENSE_PROFILE_START_FILE"] == start_file
+        mounts = {m.name: m.mount_path for m in sidecar.volume_mounts}
+        assert mounts == {m.name: m.mount_path for m in trainer.volume_mounts}
+        assert any(start_file.startswith(path + "/") for path in mounts.values())
+        assert {v.name for v in pod.spec.volumes if v.empty_dir is not None} >= set(mounts)
     time.sleep(2)  # several reconciles later: nothing new
     assert [p.metadata.name for p in kube.pods(ns, "gang")] == [p.metadata.name for p in pods]
     st = kube.status(ns, "gang")

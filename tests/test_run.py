@@ -164,3 +164,25 @@ def test_a_hung_worker_ends_the_run_within_the_collective_timeout(tmp_path):
     assert time.monotonic() - start < 60
     assert "worker 0 failed" in err.strip().splitlines()[-1]
     assert not ours() and not workers_alive()
+
+
+@pytest.mark.root
+def test_a_time_varying_profile_starts_at_the_first_training_step(tmp_path):
+    # Worker start-up takes seconds: a profile clocked from cluster start would already
+    # be at its second step when training begins.
+    doc = job(training={"maxSteps": 100000, "maxSeconds": "3s"},
+              network={"profile": {"type": "steps", "steps": [{"at": 0, "rate": "100Mbit"},
+                                                              {"at": "1.5s", "rate": "10Mbit"}]}})
+    out = tmp_path / "out"
+    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    shaping = [json.loads(line) for line in (out / "shaping.jsonl").read_text().splitlines()]
+    clock = next(ev for ev in shaping if ev["event"] == "clock")
+    change = next(ev for ev in shaping if ev["event"] == "rate")
+    assert change["rate_bps"] == 10e6 and change["time"] - clock["epoch"] == pytest.approx(1.5, abs=0.2)
+    rows = (out / "timeline.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    first = dict(zip(header, rows[1].split(",")))
+    last = dict(zip(header, rows[-1].split(",")))
+    assert float(first["link_rate_mbit"]) == 100.0 and float(last["link_rate_mbit"]) == 10.0

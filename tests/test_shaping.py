@@ -169,3 +169,32 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         assert "ifb-eth0" not in links
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+def htb_rate(c: LocalCluster, host: int) -> str:
+    out = subprocess.run(["tc", "-n", c.host_ns(host), "class", "show", "dev", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split(" rate ")[1].split()[0]
+
+
+def test_with_a_start_file_the_clock_starts_when_training_does_and_rewinds(tmp_path):
+    from netsense.shaping.shaper import write_start_file
+
+    start = str(tmp_path / "profile-start")
+    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "50Mbit"}, {"at": "0.5s", "rate": "20Mbit"}]})
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w"), start_file=start) as c:
+        time.sleep(1.0)  # workers starting: the first step holds however long that takes
+        assert c.epoch is None and htb_rate(c, 0) == "50Mbit"
+        epoch = time.time()
+        write_start_file(start, epoch)
+        time.sleep(1.0)
+        assert c.epoch == epoch and htb_rate(c, 1) == "20Mbit"
+        applied_at, bps = c.follower.applied[-1]
+        assert bps == 20e6 and abs(applied_at - (epoch + 0.5)) < 0.15
+        os.unlink(start)  # a gang restart: back to the first step until the new gang starts
+        c.follower.rewind()
+        time.sleep(1.0)
+        assert c.epoch is None and htb_rate(c, 0) == "50Mbit"
+        write_start_file(start, time.time())
+        time.sleep(1.0)
+        assert htb_rate(c, 0) == "20Mbit"

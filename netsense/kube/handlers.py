@@ -98,9 +98,9 @@ def _list_pods(namespace: str, name: str, attempt: int | None = None) -> list[di
     return [core().api_client.sanitize_for_serialization(p) for p in pods]
 
 
-def _create_gang(job: Job, namespace: str, uid: str, attempt: int, epoch: float) -> None:
+def _create_gang(job: Job, namespace: str, uid: str, attempt: int) -> None:
     for rank in range(job.workers):
-        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, epoch), namespace)
+        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt), namespace)
 
 
 def _invalid(patch: kopf.Patch, message: str) -> None:
@@ -124,11 +124,10 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
     if profile and profile["type"] == "trace" and "file" in profile:
         _invalid(patch, "spec.network.profile.file: trace files cannot be read in a cluster; inline them as points")
         return
-    epoch = time.time()
     _create("Service", res.service(job, namespace, uid), namespace)
-    _create_gang(job, namespace, uid, 0, epoch)
+    _create_gang(job, namespace, uid, 0)
     patch.status.update(
-        phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(), profileEpoch=epoch,
+        phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(),
         appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
         workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
         conditions=st.set_condition(None, "Created", "True", "PodsCreated",
@@ -149,11 +148,13 @@ def _profile(profile_json: str) -> Profile | None:
     return build_profile(json.loads(profile_json))
 
 
-def _network_status(job: Job, epoch: float) -> dict | None:
+def _network_status(job: Job, epoch: float | None) -> dict | None:
+    """The profile step in force: the first until training starts (the shapers hold it),
+    then by the clock the trainers started (known from rank 0's progress lines)."""
     profile = _profile(json.dumps(job.network.get("profile"), sort_keys=True))
     if profile is None:
         return None
-    t = time.time() - epoch
+    t = 0.0 if epoch is None else max(0.0, time.time() - epoch)
     return {"rate": units.format_rate(profile.rate_at(t)), "step": profile.index_at(t), "profile": job.network["profile"]["type"]}
 
 
@@ -195,7 +196,8 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
     _update(patch, status, workers={"total": job.workers, **counts})
-    net = _network_status(job, float(status["profileEpoch"]))
+    epoch = status.get("profileEpoch")
+    net = _network_status(job, None if epoch is None else float(epoch))
     if net:
         _update(patch, status, network=net)
 
@@ -222,17 +224,17 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         restarts = int(status.get("restarts", 0))
         if restarts < job.run_policy["backoffLimit"]:
             _delete_pods(namespace, pods)
-            _create_gang(job, namespace, uid, attempt + 1, float(status["profileEpoch"]))
+            _create_gang(job, namespace, uid, attempt + 1)
             msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
             logger.warning(msg)
-            patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING,
+            patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
                                 conditions=st.set_condition(conditions, "Restarting", "True", "WorkerFailed", msg))
         else:
             finish(st.FAILED, "BackoffLimitExceeded",
                    f"{failure_text} (backoffLimit {job.run_policy['backoffLimit']} reached)", pods)
         return
     if missing:
-        _create_gang(job, namespace, uid, attempt, float(status["profileEpoch"]))  # 409 for those present
+        _create_gang(job, namespace, uid, attempt)  # 409 for those present
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
         result = st.result_of(by_rank[0])
         if result:
@@ -247,6 +249,9 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         _update(patch, status, phase=st.RUNNING)
         progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
         if progress:
+            epoch = progress.pop("profileEpoch", None)
+            if epoch is not None:
+                _update(patch, status, profileEpoch=epoch)
             _update(patch, status, progress=progress)
     _update(patch, status, conditions=conditions)
 

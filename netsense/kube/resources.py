@@ -14,6 +14,11 @@ from netsense.spec import API_VERSION, KIND, Job
 
 MASTER_PORT = 29500
 READY_FILE = "/tmp/netsense-shaped"
+# Shared by the trainer and its shaper (an emptyDir): the trainer writes the unix
+# time training starts, and the shaper starts the profile's clock there.
+RUN_DIR = "/run/netsense"
+START_FILE = f"{RUN_DIR}/profile-start"
+RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 LABEL_JOB = "netsense.dev/job"
 LABEL_ATTEMPT = "netsense.dev/attempt"
 LABEL_RANK = "netsense.dev/rank"
@@ -56,7 +61,7 @@ def service(job: Job, namespace: str, uid: str) -> dict:
     }
 
 
-def _shaper(job: Job, epoch: float) -> dict:
+def _shaper(job: Job) -> dict:
     net = job.network
     return {
         "name": "shaper",
@@ -67,7 +72,8 @@ def _shaper(job: Job, epoch: float) -> dict:
         "restartPolicy": "Always",
         "command": ["netsense", "shape", "--dev", net["interface"], "--profile-json",
                     json.dumps(net["profile"], separators=(",", ":")), "--direction", net["direction"],
-                    "--epoch", repr(epoch), "--ready-file", READY_FILE],
+                    "--start-file", START_FILE, "--ready-file", READY_FILE],
+        "volumeMounts": [RUN_VOLUME],
         "securityContext": {
             "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": False,
@@ -80,7 +86,7 @@ def _shaper(job: Job, epoch: float) -> dict:
     }
 
 
-def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, epoch: float) -> dict:
+def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> dict:
     net = job.network
     env = {
         "MASTER_ADDR": f"{service_name(job.name)}.{namespace}.svc",
@@ -90,13 +96,12 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, epoc
         "LOCAL_RANK": "0",
         "NETSENSE_JOB": json.dumps(job.manifest(), separators=(",", ":")),
         "NETSENSE_RESULT_PATH": "/dev/termination-log",
-        "NETSENSE_PROFILE_EPOCH": repr(epoch),
         "OMP_NUM_THREADS": str(job.training["threads"]),
         "PYTHONUNBUFFERED": "1",
     }
     if net.get("profile"):
         # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
-        env.update({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
+        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
                     "GLOO_SOCKET_IFNAME": net["interface"]})
     trainer = {
         "name": "trainer",
@@ -119,7 +124,9 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, epoc
         "containers": [trainer],
     }
     if net.get("profile"):
-        spec["initContainers"] = [_shaper(job, epoch)]
+        spec["initContainers"] = [_shaper(job)]
+        trainer["volumeMounts"] = [RUN_VOLUME]
+        spec["volumes"] = [{"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,

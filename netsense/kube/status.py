@@ -75,5 +75,5 @@ def last_progress(log_text: str) -> dict | None:
             if ev.get("event") == "progress":
                 return {"step": ev.get("step"), "epoch": ev.get("epoch"), "samplesPerSecond": ev.get("samples_per_s"),
                         "density": ev.get("density"), "loss": ev.get("loss"), "accuracy": ev.get("accuracy"),
-                        "rateMbit": ev.get("rate_mbit")}
+                        "rateMbit": ev.get("rate_mbit"), "profileEpoch": ev.get("profile_epoch")}
     return None

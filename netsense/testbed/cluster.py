@@ -79,7 +79,9 @@ def preflight(profile: Profile | None) -> None:
 
 class LocalCluster:
     def __init__(self, hosts: int, profile: Profile | None = None, direction: str = "egress",
-                 shaping_log: TextIO | None = None):
+                 shaping_log: TextIO | None = None, start_file: str | None = None):
+        """``start_file``: the profile's clock starts when a unix time appears there
+        (the trainers write it at their first step); else when the cluster is up."""
         if hosts < 1 or hosts > 250:
             raise TestbedError(f"hosts must be between 1 and 250 (got {hosts})")
         self.hosts = hosts
@@ -87,6 +89,7 @@ class LocalCluster:
         self.direction = direction
         self.id = secrets.token_hex(3)
         self.shaping_log = shaping_log
+        self.start_file = start_file
         self.follower: ProfileFollower | None = None
         self.processes: list[subprocess.Popen] = []
         self._created: list[str] = []
@@ -152,11 +155,12 @@ class LocalCluster:
             if self.direction == "both":
                 links.append(TcLink(f"h{i}", netns=br))
         if self.profile is not None:
-            self.follower = ProfileFollower(self.profile, links, log=self.shaping_log).start()
+            self.follower = ProfileFollower(self.profile, links, log=self.shaping_log,
+                                            start_file=self.start_file).start()
 
     @property
     def epoch(self) -> float | None:
-        """Unix time at which the profile's clock started (None when unshaped)."""
+        """Unix time at which the profile's clock started (None when unshaped or not yet)."""
         return self.follower.epoch if self.follower else None
 
     def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,

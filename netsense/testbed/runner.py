@@ -8,6 +8,7 @@ the operator does), enforces activeDeadlineSeconds, and tears everything down.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -73,7 +74,7 @@ class Progress:
         print(text, file=self.stream, flush=True)
 
 
-def worker_env(job: Job, rank: int, master: str, out_dir: str, epoch: float | None) -> dict[str, str]:
+def worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
     env.update({
         "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(job.workers),
@@ -81,8 +82,8 @@ def worker_env(job: Job, rank: int, master: str, out_dir: str, epoch: float | No
         "NETSENSE_OUT": out_dir, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": str(job.training["threads"]), "PYTHONUNBUFFERED": "1",
     })
-    if epoch is not None:
-        env["NETSENSE_PROFILE_EPOCH"] = repr(epoch)
+    if start_file is not None and rank == 0:
+        env["NETSENSE_PROFILE_START_FILE"] = start_file  # one follower shapes every link here
     return env
 
 
@@ -105,10 +106,15 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
     logs = os.path.join(out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     procs = []
+    if cluster.start_file:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(cluster.start_file)
+        if attempt > 0:
+            cluster.follower.rewind()  # the new gang's clock starts at its own first step
     for rank in range(job.workers):
         err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
         stdout = subprocess.PIPE if rank == 0 else err
-        env = worker_env(job, rank, cluster.address(0), out_dir, cluster.epoch)
+        env = worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file)
         procs.append(cluster.spawn(rank, [sys.executable, "-m", "netsense", "worker"], env=env,
                                    stdout=stdout, stderr=err))
         err.close()
@@ -152,8 +158,12 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     profile = build_profile(job.network.get("profile"))
     policy = job.run_policy
     deadline = time.monotonic() + policy["activeDeadlineSeconds"] if "activeDeadlineSeconds" in policy else None
+    # The profile's clock starts at the first training step, not when the cluster is up:
+    # start-up takes seconds and would otherwise shift every run's view of the profile.
+    start_file = os.path.join(out_dir, "profile-start") if profile is not None else None
     with open(os.path.join(out_dir, "shaping.jsonl"), "w") as shaping_log, \
-            LocalCluster(job.workers, profile, job.network["direction"], shaping_log=shaping_log) as cluster:
+            LocalCluster(job.workers, profile, job.network["direction"], shaping_log=shaping_log,
+                         start_file=start_file) as cluster:
         progress.message(f"netsense: {job.name}: {job.workers} workers in namespaces {cluster.bridge_ns[:-2]}*, "
                          f"method {job.compression['method']}, "
                          f"profile {job.network.get('profile', {}).get('type', 'unshaped')}; output in {out_dir}")

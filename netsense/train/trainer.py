@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from netsense import units
 from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
+from netsense.shaping.shaper import write_start_file
 from netsense.spec import Job, parse_spec
 from netsense.train.data import ShardedBatches, load_dataset
 from netsense.train.models import build_model
@@ -84,7 +85,7 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
 
 
 class Trainer:
-    def __init__(self, job: Job, rank: int, world: int, profile_epoch: float | None = None):
+    def __init__(self, job: Job, rank: int, world: int, start_file: str | None = None):
         self.job, self.rank, self.world = job, rank, world
         self.t = job.training
         torch.set_num_threads(self.t["threads"])
@@ -95,7 +96,8 @@ class Trainer:
         self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if backend == "nccl" \
             else torch.device("cpu")
         self.profile = build_profile(job.network.get("profile"))
-        self.profile_epoch = profile_epoch
+        self.start_file = start_file
+        self.profile_epoch: float | None = None  # set when training starts
         self.timeline = Timeline()
         self.state = RunState()
 
@@ -174,9 +176,26 @@ class Trainer:
         emit("eval", step=s.step, epoch=s.epoch, accuracy=acc, time=round(s.train_time, 3),
              time_to_accuracy_s=s.tta)
 
+    def start_profile_clock(self) -> None:
+        """Agree on when training starts (rank 0's clock) and start the profile there.
+
+        Every rank writes the time to its shaper's start file; until then the
+        shapers hold the profile's first step (see netsense.shaping.shaper)."""
+        if self.profile is None:
+            return
+        now = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            dist.broadcast(now, 0)
+        self.profile_epoch = float(now.item())
+        if self.start_file:
+            write_start_file(self.start_file, self.profile_epoch)
+        if self.rank == 0:
+            emit("clock", profile_epoch=self.profile_epoch)
+
     # -- the loop ----------------------------------------------------------------------
     def train(self) -> dict:
         s = self.state
+        self.start_profile_clock()
         max_steps = self._max_steps()
         samples_per_step = self.t["batchSize"] * self.world
         start = time.perf_counter()
@@ -232,7 +251,8 @@ class Trainer:
         last = self.timeline.rows[-1]
         emit("progress", step=s.step, max_steps=max_steps if max_steps < 10**12 else None, epoch=s.epoch,
              loss=round(s.last_loss, 4), samples_per_s=round(sps, 1), density=last["ratio"],
-             rate_mbit=last["link_rate_mbit"], accuracy=s.final_accuracy, time=round(s.train_time, 2))
+             rate_mbit=last["link_rate_mbit"], accuracy=s.final_accuracy, time=round(s.train_time, 2),
+             profile_epoch=self.profile_epoch)
 
     def _result(self, samples_per_step: int, wall: float) -> dict:
         s = self.state
@@ -288,8 +308,7 @@ def worker_main() -> int:
     except (KeyError, ValueError) as e:
         print(f"netsense worker: bad environment: {e}", file=sys.stderr)
         return 2
-    epoch = os.environ.get("NETSENSE_PROFILE_EPOCH")
-    trainer = Trainer(job, rank, world, float(epoch) if epoch else None)
+    trainer = Trainer(job, rank, world, os.environ.get("NETSENSE_PROFILE_START_FILE"))
     try:
         trainer.setup()
         result = trainer.train()
