@@ -222,3 +222,17 @@ def test_fifty_jobs_at_once_all_get_pods_and_a_phase_within_60s(kube, operator):
 
     wait_for(all_started, timeout=60, interval=1, what="50 jobs with pods and a phase")
     assert time.monotonic() - start < 60
+
+
+def test_the_status_shows_the_first_profile_step_until_training_starts():
+    from netsense.kube.handlers import _network_status
+    from netsense.kube.status import last_progress
+    from netsense.spec import parse_spec
+
+    job = parse_spec(quick_spec(network={"profile": {"type": "steps", "steps": [
+        {"at": "0s", "rate": "1Gbit"}, {"at": "2s", "rate": "100Mbit"}]}}), "clock")
+    assert _network_status(job, None) == {"rate": "1Gbit", "step": 0, "profile": "steps"}  # pods starting
+    # Rank 0's progress lines carry the clock the trainers agreed on.
+    log = json.dumps({"event": "progress", "step": 40, "profile_epoch": time.time() - 3})
+    epoch = last_progress(log)["profileEpoch"]
+    assert _network_status(job, epoch)["rate"] == "100Mbit"

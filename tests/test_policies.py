@@ -7,6 +7,7 @@ import pytest
 from netsense.control.policies import (
     OverlapController,
     PaperAIMD,
+    SelectionCost,
     StepMeasurement,
     dense_allreduce_bytes,
     sparse_allgather_bytes,
@@ -76,7 +77,7 @@ def test_overlap_sends_dense_when_the_gradient_fits_in_compute_time():
 
 def test_overlap_compresses_just_enough_when_the_link_is_slow():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, budget=0.5, probe_every=1000)
+    c = OverlapController(n, world, budget=0.5, probe_every=1000, min_density=0.001)
     bw = 20e6 / 8  # 20 Mbit/s
     c.update(m(0, 1.0, compute=0.2, wire=bw))
     d = c.decide()
@@ -87,7 +88,7 @@ def test_overlap_compresses_just_enough_when_the_link_is_slow():
 
 def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, budget=0.5, probe_every=1000)
+    c = OverlapController(n, world, budget=0.5, probe_every=1000, min_density=0.001)
     for _ in range(5):
         c.update(m(0, 1.0, compute=0.2, wire=200e6 / 8))
     high = c.decide().density
@@ -113,9 +114,9 @@ def test_overlap_picks_the_cheaper_collective():
 def test_overlap_counts_selection_time_against_the_budget():
     n, world = 10_000_000, 2
     bw = 200e6 / 8
-    free = OverlapController(n, world, budget=0.3, probe_every=1000)
+    free = OverlapController(n, world, budget=0.3, probe_every=1000, min_density=0.001)
     free.update(m(0, 1.0, compute=0.2, wire=bw))
-    costly = OverlapController(n, world, budget=0.3, probe_every=1000)
+    costly = OverlapController(n, world, budget=0.3, probe_every=1000, min_density=0.001)
     costly.update(m(0, 1.0, compute=0.2, wire=bw))
     # Selecting 100k elements took 60 ms: 0.6 us per element, more than the wire's 0.24 us.
     costly.update(StepMeasurement(1.0 * bw, 0, 1.0, 0.2, 1.0, selection_seconds=0.06, elements_sent=100_000))
@@ -123,3 +124,27 @@ def test_overlap_counts_selection_time_against_the_budget():
     k_costly = costly.decide().density * n
     assert k_free == pytest.approx(0.3 * 0.2 * bw / 6, rel=0.01)
     assert k_costly < 0.5 * k_free
+
+
+def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
+    # A pass over the whole gradient (10 ms) whatever k is, plus 0.1 us per element.
+    cost = SelectionCost()
+    cost.add(100_000, 0.01 + 1e-7 * 100_000)
+    assert cost.per_element == pytest.approx(2e-7)  # k has not varied yet: all of it, per element
+    for k in (100_000, 125_000, 100_000, 80_000, 100_000):
+        cost.add(k, 0.01 + 1e-7 * k)
+    assert cost.per_element == pytest.approx(1e-7, rel=1e-6)
+    for _ in range(20):  # k steady again: the last slope stands
+        cost.add(100_000, 0.01 + 1e-7 * 100_000)
+    assert cost.per_element == pytest.approx(1e-7, rel=1e-6)
+
+
+def test_overlap_never_compresses_below_its_floor():
+    n, world = 10_000_000, 2
+    c = OverlapController(n, world, budget=0.25, probe_every=1000)
+    c.update(m(0, 1.0, compute=0.2, wire=1e6 / 8))  # 1 Mbit/s: the budget buys 0.02% of the gradient
+    d = c.decide()
+    assert not d.dense and d.density == 0.01  # the default floor: 1%
+    low = OverlapController(n, world, budget=0.25, probe_every=1000, min_density=0.001)
+    low.update(m(0, 1.0, compute=0.2, wire=1e6 / 8))
+    assert low.decide().density == 0.001

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -181,8 +182,6 @@ def test_a_time_varying_profile_starts_at_the_first_training_step(tmp_path):
     clock = next(ev for ev in shaping if ev["event"] == "clock")
     change = next(ev for ev in shaping if ev["event"] == "rate")
     assert change["rate_bps"] == 10e6 and change["time"] - clock["epoch"] == pytest.approx(1.5, abs=0.2)
-    rows = (out / "timeline.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    first = dict(zip(header, rows[1].split(",")))
-    last = dict(zip(header, rows[-1].split(",")))
-    assert float(first["link_rate_mbit"]) == 100.0 and float(last["link_rate_mbit"]) == 10.0
+    with open(out / "timeline.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert float(rows[0]["link_rate_mbit"]) == 100.0 and float(rows[-1]["link_rate_mbit"]) == 10.0

@@ -112,7 +112,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
         "overlap": lambda: OverlapController(
             numel, world, budget=c["commBudget"], probe_every=c["probeEvery"], probe_gain=c["probeGain"],
-            min_density=c["minRatio"]),
+            min_density=c["minDensity"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

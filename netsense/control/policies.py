@@ -9,6 +9,7 @@ same k, the same collective.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from netsense.control.sensing import BottleneckEstimator
@@ -130,32 +131,70 @@ class PaperAIMD(Policy):
         return {"ratio": self.ratio, "est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
 
 
+class SelectionCost:
+    """Selection time per step as ``fixed + per_element * k``, fitted online.
+
+    Selecting TopK costs a pass over the whole gradient whatever k is (sampling,
+    thresholds, the scan: the fixed part) plus packing and decoding the k chosen
+    entries (the per-element part). Only the per-element part is a price of
+    sending more, so only it is weighed against the wire. It is the slope of a
+    least-squares line through the last ``window`` (k, seconds) points; while k
+    has barely varied the slope cannot be told apart from the intercept, and the
+    whole cost is charged per element (an over-estimate: it compresses more).
+    """
+
+    def __init__(self, window: int = 16, min_spread: float = 0.1):
+        self.points: deque[tuple[float, float]] = deque(maxlen=window)
+        self.min_spread = min_spread
+        self.slope: float | None = None
+
+    def add(self, elements: float, seconds: float) -> None:
+        if elements > 0 and seconds > 0:
+            self.points.append((elements, seconds))
+            self._fit()
+
+    def _fit(self) -> None:
+        n = len(self.points)
+        km = sum(k for k, _ in self.points) / n
+        sm = sum(t for _, t in self.points) / n
+        var = sum((k - km) ** 2 for k, _ in self.points) / n
+        if n >= 3 and math.sqrt(var) >= self.min_spread * km:
+            cov = sum((k - km) * (t - sm) for k, t in self.points) / n
+            self.slope = min(max(0.0, cov / var), sm / km)
+        elif self.slope is None:
+            self.slope = sm / km
+
+    @property
+    def per_element(self) -> float:
+        return self.slope or 0.0
+
+
 class OverlapController(Policy):
     """Ours: compress only as much as the network requires, sized by compute time.
 
-    A step's communication is (nearly) free as long as it fits in the time the
-    step computes anyway. So, with B = estimated bandwidth (bytes/s) and C =
-    measured compute seconds per step, communication may take ``budget * C``
-    seconds, and we send the most gradient information that fits:
+    With B = the estimated bandwidth (bytes/s) and C = the measured compute
+    seconds of a step (its time less exposed communication and selection), the
+    step's communication may add ``budget * C`` seconds, and we send the most
+    gradient that fits:
 
-    1. dense fp32 allreduce if its wire bytes fit (no compression at all);
+    1. dense fp32 allreduce if its wire time fits (no compression at all);
     2. else dense fp16 if that fits;
-    3. else sparse TopK with fp16 values at the largest k whose wire time *and*
-       selection time fit: ``k * ((N-1) * 6 / B + s) <= budget * C``, where s is
-       the measured selection cost per selected element (on CPUs selection
-       costs as much as the wire: ignoring it would trade network time for
-       CPU time); or dense fp16 if the sparse all_gather would cost more.
+    3. else TopK with fp16 values at the largest k with
+       ``k * ((N-1) * 6 / B + s) <= budget * C``, s the per-element selection
+       cost (SelectionCost: on CPUs packing an element costs a fifth to all of
+       its wire time, so ignoring it trades network time for CPU time), but
+       never below ``min_density``; or dense fp16 if the sparse all_gather of
+       that k would put more bytes on the wire.
 
-    Why ``budget * C``: if a step at density d makes d^a of a dense step's
-    progress (a < 1 with error feedback), progress per second d^a / (C + comm(d))
-    peaks where comm = a/(1-a) * C. a depends on the task; on the digits grid
-    (testbed/grids/ci.yaml) budgets 0.3, 1 and 3 were measured side by side and
-    3 (a ~ 0.75) had the lowest time to accuracy in every scenario, so it is the
-    default. Throughput-bound users should lower it: on ResNet18 at 200 Mbit,
-    budget 1 runs at 0.76x and 0.3 at 0.86x the no-communication ceiling, 3 at
-    0.37x (testbed/results/throughput.md). A measured replacement for the
-    constant (TopK's captured gradient energy as the progress of a step) was
-    tried and lost on both tasks; see the README.
+    Why: if a step at density d makes d^a of a dense step's progress, progress
+    per second d^a / (C + cost(d)) peaks where cost = a/(1-a) * C, so the budget
+    is a/(1-a). With error feedback a is small above a knee and large below it:
+    on the digits grid TopK needs 29 steps dense, 38 at 1% (a = 0.06 between
+    them) and 60 at 0.3% (a = 0.38 below 1%). Hence a small budget (0.25: a step
+    may cost a quarter more than its computation) and a floor at the knee,
+    ``min_density`` = 1%, below which the steps saved no longer pay for the
+    accuracy lost. Both are priors about the task; a task that keeps its accuracy
+    per step at 0.1% can lower the floor (spec: minDensity).
 
     B is a max filter over a short window (3 steps: a drop shows within 3 steps)
     of bytes/busy-seconds. A small payload under-measures the link (latency
@@ -163,24 +202,21 @@ class OverlapController(Policy):
     ``probe_gain`` to discover freed capacity, as BBR's ProbeBW does.
     """
 
-    def __init__(self, numel: int, world: int, budget=3.0, window=3, probe_every=8, probe_gain=1.25,
-                 min_density=0.001):
+    def __init__(self, numel: int, world: int, budget=0.25, window=3, probe_every=8, probe_gain=1.25,
+                 min_density=0.01):
         self.numel, self.world = numel, world
         self.budget, self.probe_every, self.probe_gain = budget, probe_every, probe_gain
         self.min_density = min_density
         self.sensor = BottleneckEstimator(window)
         self.compute_s = 0.0
-        self.select_per_element = 0.0  # seconds per selected element (smoothed)
+        self.selection = SelectionCost()
         self.steps = 0
         self.last = Decision()
 
     def update(self, m: StepMeasurement) -> None:
         self.steps += 1
         self.sensor.observe(m.wire_bytes, m.comm_seconds)
-        if m.elements_sent > 0 and m.selection_seconds > 0:
-            per = m.selection_seconds / m.elements_sent
-            self.select_per_element = per if not self.select_per_element else \
-                0.7 * self.select_per_element + 0.3 * per
+        self.selection.add(m.elements_sent, m.selection_seconds)
         # Smooth compute time: it is noisy on shared CPUs, and it only sets a budget.
         self.compute_s = m.compute_seconds if self.compute_s == 0 else 0.7 * self.compute_s + 0.3 * m.compute_seconds
 
@@ -197,7 +233,7 @@ class OverlapController(Policy):
         elif dense_allreduce_bytes(self.numel, self.world, fp16=True) <= allowed:
             self.last = Decision(fp16=True)
         else:
-            per_element = (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / bw + self.select_per_element
+            per_element = (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / bw + self.selection.per_element
             k = seconds / per_element
             density = min(1.0, max(self.min_density, k / self.numel))
             sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=True)

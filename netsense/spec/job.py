@@ -39,7 +39,7 @@ SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"
 
 MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn")
-DATASETS = ("cifar10", "cifar100", "digits", "synthetic")
+DATASETS = ("cifar10", "cifar100", "digits", "digits32", "synthetic")
 METHODS = ("allreduce", "fp16", "powersgd", "topk", "netsense", "overlap", "ours")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -171,7 +171,7 @@ COMPRESSION = Obj({
     "beta": F(Float(min=0, exclusive_min=True, doc="netsense: additive increase"), default=0.01),
     "bdpFraction": F(Float(min=0, exclusive_min=True, doc="netsense: decrease when payload > this x BDP"), default=0.9),
     "initialRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.01),
-    "minRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.001),
+    "minRatio": F(Float(min=0, max=1, exclusive_min=True, doc="netsense: lowest ratio"), default=0.001),
     "maxRatio": F(Float(min=0, max=1, exclusive_min=True), default=1.0),
     "startup": F(Bool(doc="netsense: double the ratio until the first decrease"), default=True),
     "window": F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10),
@@ -179,7 +179,11 @@ COMPRESSION = Obj({
     "trq": F(Float(min=0, max=1, doc="netsense: quantize when ratio < trq"), default=0.1),
     "trd": F(Float(min=0, doc="netsense: ... and gradient L2 norm > trd"), default=1e-3),
     "pruneFactor": F(Float(min=0, max=1, doc="netsense: prune at pruneFactor*(1-ratio)"), default=0.5),
-    "commBudget": F(Float(min=0, exclusive_min=True, doc="overlap: comm time allowed per unit of compute time"), default=3.0),
+    "commBudget": F(Float(min=0, exclusive_min=True,
+                          doc="overlap: communication time a step may add, per unit of compute time"), default=0.25),
+    "minDensity": F(Float(min=0, max=1, exclusive_min=True,
+                          doc="overlap: never send less than this fraction (the accuracy-per-step knee)"),
+                    default=0.01),
     "probeEvery": F(Int(min=2, doc="overlap: steps between bandwidth probes"), default=8),
     "probeGain": F(Float(min=1, exclusive_min=True, doc="overlap: payload gain while probing"), default=1.25),
 }, checks=[_check_compression])
