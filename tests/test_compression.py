@@ -266,6 +266,32 @@ def test_native_selection_is_exact_and_keeps_what_it_did_not_send(fp16):
         torch.testing.assert_close(residual.index_add(0, idx, val), signal, rtol=0, atol=1e-6)
 
 
+def test_native_selection_is_one_pass_on_a_periodic_gradient():
+    # A 3x3 conv on 1x1 feature maps (ResNet18's last block on 32x32 images) has
+    # gradient only in each kernel's centre tap: every 9th element. The threshold
+    # sample must not fall in step with that period (a stride of 18 here would
+    # sample only zeros or only centre taps, and rescan the bucket every step).
+    native = _native()
+    g = torch.Generator().manual_seed(4)
+    n = 65_536 * 18
+    selector = native.Selector()
+    residual = torch.zeros(n)
+    for _ in range(5):
+        grad = torch.zeros(n)
+        grad[4::9] = torch.randn(len(range(4, n, 9)), generator=g)
+        packed = selector.select(residual, grad, n // 100, True, True, g)
+        assert packed.numel() == n // 100 * 6
+    assert selector.retries == 0
+
+
+def test_fast_topk_is_exact_on_a_periodic_gradient():
+    g = torch.Generator().manual_seed(5)
+    n, k = 65_536 * 18, 10_000
+    x = torch.zeros(n)
+    x[4::9] = torch.randn(len(range(4, n, 9)), generator=g).abs()
+    assert set(topk_indices(x, k, g, Workspace()).tolist()) == set(torch.topk(x, k).indices.tolist())
+
+
 def test_native_selection_fails_clearly_on_nan_instead_of_spinning():
     native = _native()
     signal = torch.full((1000,), float("nan"))

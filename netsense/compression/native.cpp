@@ -92,14 +92,28 @@ int64_t scan(float* __restrict signal, const float* __restrict grad, int64_t n, 
 
 extern "C" {
 
-// |signal + grad| (or |signal| if grad is null) at offset, offset + stride, ...
-// into sample (0 where pruned): the threshold is estimated from it before the pass.
+// splitmix64: a fast, well-mixed hash of a counter (the sample's jitter).
+static inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// |signal + grad| (or |signal| if grad is null) at one random position in each
+// window of stride elements, into sample (0 where pruned): the threshold is
+// estimated from it before the pass. Jittered, not at a fixed stride: gradients
+// are periodic (a 3x3 conv on 1x1 feature maps has gradient only in the centre
+// tap, every 9th element), and a stride in step with the period samples only
+// zeros or only non-zeros.
 void ns_sample(const float* signal, const float* grad, int64_t n, const float* weights, float prune_below,
-               float* sample, int64_t stride, int64_t offset) {
+               float* sample, int64_t stride, uint64_t seed) {
   int64_t j = 0;
-  for (int64_t i = offset; i < n; i += stride) {
+  for (int64_t base = 0; base < n; base += stride, ++j) {
+    const int64_t width = std::min(stride, n - base);
+    const int64_t i = base + static_cast<int64_t>(mix64(seed + static_cast<uint64_t>(j)) % static_cast<uint64_t>(width));
     const float v = grad ? signal[i] + grad[i] : signal[i];
-    sample[j++] = pruned(weights, prune_below, i) ? 0.0f : std::fabs(v);
+    sample[j] = pruned(weights, prune_below, i) ? 0.0f : std::fabs(v);
   }
 }
 

@@ -92,7 +92,7 @@ def library() -> ctypes.CDLL | None:
               file=sys.stderr)
         return None
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.ns_sample.argtypes = [ptr, ptr, i64, ptr, f32, ptr, i64, i64]
+    lib.ns_sample.argtypes = [ptr, ptr, i64, ptr, f32, ptr, i64, ctypes.c_uint64]
     lib.ns_sample.restype = None
     lib.ns_ranks.argtypes = [ptr, i64, i64, i64, ptr]
     lib.ns_ranks.restype = None
@@ -154,9 +154,9 @@ class Selector:
         g_ptr = grad.data_ptr() if grad is not None else None
         w_ptr = weights.data_ptr() if weights is not None else None
         stride = max(1, n // SAMPLE)
-        offset = int(torch.randint(0, stride, (1,), generator=generator)) if stride > 1 else 0
-        sample = self.workspace.get("sample", (n - offset + stride - 1) // stride, torch.float32, signal.device)
-        lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, offset)
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        sample = self.workspace.get("sample", (n + stride - 1) // stride, torch.float32, signal.device)
+        lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, seed)
         p = k / n
         eps = 4.0 / math.sqrt(sample.numel() * p) + 0.005
         lo, hi = self._thresholds(sample, p * (1 + eps), p * (1 - eps))

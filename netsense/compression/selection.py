@@ -60,6 +60,14 @@ def nonzero_indices(mask: torch.Tensor, expected_density: float) -> torch.Tensor
     return idx
 
 
+def jittered_positions(n: int, stride: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One uniformly random index in each window [j*stride, (j+1)*stride) of range(n)."""
+    base = torch.arange(0, n, stride, device=device)
+    width = torch.clamp(n - base, max=stride)
+    jitter = torch.rand(base.numel(), generator=generator, device=device)
+    return base + (jitter * width).long().clamp_(max=width - 1)
+
+
 def topk_indices(magnitude: torch.Tensor, k: int, generator: torch.Generator | None = None,
                  workspace: Workspace | None = None) -> torch.Tensor:
     """Indices of the k largest entries of a flat non-negative tensor (unsorted)."""
@@ -68,12 +76,12 @@ def topk_indices(magnitude: torch.Tensor, k: int, generator: torch.Generator | N
         return torch.arange(n, device=magnitude.device)
     if n <= SMALL or k * 3 > n:
         return torch.topk(magnitude, k, sorted=False).indices
-    # A strided sample from a random offset: every layer of the bucket is represented
-    # in proportion (stratified, which estimates quantiles better than uniform random
-    # positions) and it reads memory in order.
+    # One random position per window of `stride` elements: every layer of the bucket is
+    # represented in proportion (stratified, which estimates quantiles better than
+    # uniform random positions), memory is read in order, and, unlike a fixed stride,
+    # no periodic pattern of the gradient (zero taps of a conv kernel) can alias it.
     stride = max(1, n // SAMPLE)
-    offset = int(torch.randint(0, stride, (1,), generator=generator, device=magnitude.device)) if stride > 1 else 0
-    sample = magnitude[offset::stride]
+    sample = magnitude[jittered_positions(n, stride, generator, magnitude.device)]
     m = sample.numel()
     p = k / n
     # Margin of 4 standard deviations of the sampled count, relative to the expected count.
