@@ -190,7 +190,8 @@ def _fmt(v, digits=2) -> str:
     return str(v)
 
 
-def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None) -> str:
+def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
+             ceilings: list[float] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
     lines = [f"# Benchmark: {name}", "",
              f"Target accuracy {t.get('targetAccuracy')} for every method; budget "
@@ -199,8 +200,10 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
              "target (accuracy per step, apart from speed).", ""]
     if ceiling:
-        lines += [f"No-communication ceiling, measured in the same run: {ceiling:.0f} samples/s "
-                  "(one worker alone, times the number of workers).", ""]
+        each = f" (before and after the cells: {' and '.join(f'{c:.0f}' for c in ceilings)})" \
+            if ceilings and len(ceilings) > 1 else ""
+        lines += [f"No-communication ceiling, measured in the same run: {ceiling:.0f} samples/s{each}; "
+                  "one worker alone, times the number of workers.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
                   "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
@@ -278,11 +281,13 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
     return made
 
 
-def measure_ceiling(grid: dict, out_dir: str) -> float | None:
+def measure_ceiling(grid: dict, out_dir: str, when: str = "before") -> float | None:
     """Samples/s with no communication: one worker alone (world size 1), times the workers.
 
     Each emulated host has a core of its own, so a lone worker computes as fast
-    as each worker of the gang would if the network cost nothing.
+    as each worker of the gang would if the network cost nothing. Measured
+    before and after the grid (``when``): a shared machine drifts by +-10% over
+    minutes, and bracketing the cells averages that out of the ratio.
     """
     base = grid.get("base") or {}
     workers = base.get("workers", 2)
@@ -290,8 +295,9 @@ def measure_ceiling(grid: dict, out_dir: str) -> float | None:
     spec.get("network", {}).pop("profile", None)
     doc = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "ceiling"},
            "spec": spec}
-    print("[ceiling] one worker, no communication", file=sys.stderr, flush=True)
-    r = run_local(Cell("ceiling", "none", 0, doc), os.path.join(out_dir, "ceiling"))
+    print(f"[ceiling, {when}] one worker, no communication", file=sys.stderr, flush=True)
+    cell_dir = os.path.join(out_dir, f"ceiling-{when}")
+    r = _previous(cell_dir) or run_local(Cell("ceiling", "none", 0, doc), cell_dir)
     if r.get("status") != "Succeeded" or not r.get("throughput_samples_per_s"):
         return None
     return r["throughput_samples_per_s"] * workers
@@ -312,9 +318,9 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     out_dir = out_dir or os.path.join("runs", f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(out_dir, exist_ok=True)
     results = []
-    ceiling = None
+    ceilings: list[float | None] = []
     if grid.get("ceiling") and not cluster:
-        ceiling = measure_ceiling(grid, out_dir)
+        ceilings.append(measure_ceiling(grid, out_dir, "before"))
     start = time.monotonic()
     for i, cell in enumerate(cells):
         elapsed = time.monotonic() - start
@@ -337,15 +343,19 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         results.append(r)
         with open(os.path.join(out_dir, "summary.json"), "w") as fh:  # partial results survive a Ctrl-C
             json.dump(results, fh, indent=1, default=str)
+    if ceilings:
+        ceilings.append(measure_ceiling(grid, out_dir, "after"))
+    measured = [c for c in ceilings if c]
+    ceiling = sum(measured) / len(measured) if measured else None
     rows = summarize(results)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
-    with open(os.path.join(out_dir, "table.json"), "w") as fh:
-        json.dump(rows, fh, indent=1, default=str)
     if ceiling:
         for r in rows:
             r["ratio_to_ceiling"] = r["samples_per_s"] / ceiling if r["samples_per_s"] else None
-    md = markdown(name, rows, grid, ceiling)
+    with open(os.path.join(out_dir, "table.json"), "w") as fh:
+        json.dump(rows, fh, indent=1, default=str)
+    md = markdown(name, rows, grid, ceiling, measured)
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
     made = plots(out_dir, rows, results)

@@ -75,6 +75,27 @@ def test_summary_means_spreads_and_regret():
     assert by["c"]["tta_mean_s"] is None and by["c"]["reached"] == "1/2" and math.isinf(by["c"]["regret"])
 
 
+def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path, monkeypatch):
+    import netsense.bench as bench
+
+    order, lone = [], iter([100.0, 140.0])  # the machine drifted between before and after
+
+    def fake_run(cell, cell_dir):
+        order.append(cell.method)
+        sps = next(lone) if cell.method == "ceiling" else 120.0
+        return _r(cell.method, cell.scenario, cell.seed, 1.0, sps)
+
+    monkeypatch.setattr(bench, "run_local", fake_run)
+    monkeypatch.setattr(bench, "plots", lambda *a: [])
+    grid = {**GRID, "ceiling": True}
+    assert run_bench(write(tmp_path, grid), str(tmp_path / "out")) == 0
+    assert order[0] == "ceiling" and order[-1] == "ceiling" and "ceiling" not in order[1:-1]
+    rows = json.loads((tmp_path / "out" / "table.json").read_text())
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "240 samples/s" in md and "200 and 280" in md  # (100 + 140) / 2 x 2 workers
+    assert all(r["ratio_to_ceiling"] == pytest.approx(0.5) for r in rows)
+
+
 @pytest.mark.root
 def test_local_bench_writes_summary_table_and_plots(tmp_path):
     out = tmp_path / "out"
