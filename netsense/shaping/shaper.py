@@ -111,7 +111,8 @@ class ProfileFollower:
             epoch = read_start_file(self.start_file)
             if epoch is not None:
                 self.epoch = epoch
-                self._emit("clock", self.now(), self.profile.rate_at(self.now()), epoch=epoch)
+                # The first step is what the links carry now; follow() catches up if the file came late.
+                self._emit("clock", 0.0, self.profile.rate_at(0.0), epoch=epoch)
                 return True
             if self._wait(START_POLL_S):
                 return False
