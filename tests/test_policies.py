@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from netsense.control.policies import (
+    Decision,
     OverlapController,
     PaperAIMD,
     SelectionCost,
@@ -12,11 +15,42 @@ from netsense.control.policies import (
     dense_allreduce_bytes,
     sparse_allgather_bytes,
 )
-from netsense.control.sensing import BottleneckEstimator
+from netsense.control.sensing import BottleneckEstimator, LinkEstimator
 
 
 def m(payload, seconds, compute=0.1, norm=1.0, wire=None):
     return StepMeasurement(wire if wire is not None else payload, payload, seconds, compute, norm)
+
+
+def over_link(payload, bandwidth, latency=0.002, compute=0.1):
+    """A step whose collectives carried `payload` bytes over a link: busy = latency + payload/bandwidth."""
+    return StepMeasurement(payload, payload, latency + payload / bandwidth, compute, 1.0)
+
+
+def test_link_estimator_is_not_lowered_by_payloads_too_small_to_fill_the_link():
+    e = LinkEstimator(window=3)
+    gbit = 1e9 / 8
+    e.observe(4e6, 0.002 + 4e6 / gbit)  # a dense step: 34 ms, the transfer dominates
+    assert e.bandwidth == pytest.approx(gbit, rel=0.1)
+    for _ in range(20):  # 40 kB: 0.3 ms of transfer behind 2 ms of fixed cost (bytes/busy: 140 Mbit/s)
+        e.observe(40e3, 0.002 + 40e3 / gbit)
+    assert e.bandwidth == pytest.approx(gbit, rel=0.1)
+    assert e.latency == pytest.approx(0.002, rel=0.2)
+
+
+def test_link_estimator_probe_discovers_freed_capacity():
+    e = LinkEstimator(window=3)
+    slow, fast = 20e6 / 8, 1e9 / 8
+    for _ in range(5):
+        e.observe(40e3, 0.002 + 40e3 / slow)
+    assert e.bandwidth == pytest.approx(slow, rel=0.15)
+    probes = 0
+    while e.bandwidth < 0.5 * fast:  # the link is now 50x faster; probes of 2 x bandwidth x latency
+        probe = 2 * e.bandwidth * e.latency
+        before = e.bandwidth
+        e.observe(probe, 0.002 + probe / fast)
+        probes += 1
+        assert e.bandwidth > 1.2 * before and probes <= 6
 
 
 def test_estimator_is_windowed_max_bandwidth_and_min_rtt():
@@ -65,65 +99,77 @@ def test_quantization_gate_doubles_the_ratio():
     assert not p.decide().fp16
 
 
-def test_overlap_sends_dense_when_the_gradient_fits_in_compute_time():
+def test_overlap_sends_dense_when_the_gradient_hides_behind_compute():
     n, world = 1_000_000, 2
-    c = OverlapController(n, world, budget=1.0)
+    c = OverlapController(n, world)
     assert c.decide().dense  # nothing measured yet: dense, which also measures the link
     fast = 1e9 / 8  # bytes/s
-    c.update(m(0, 1.0, compute=0.1, wire=fast * 1.0))
+    # 4 MB at 1 Gbit/s is 32 ms; 50 ms of the last step's communication overlapped the backward pass.
+    c.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 0.1, 1.0, hidden_seconds=0.05))
     d = c.decide()
-    assert d.dense and not d.fp16  # 4 MB in 0.1 s at 1 Gbit/s fits
+    assert d.dense and not d.fp16
+    exposed = OverlapController(n, world)  # the same link, nothing hidden: 32 ms on a 100 ms step
+    exposed.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 0.1, 1.0))
+    d = exposed.decide()
+    assert not d.dense and 0.05 < d.density < 0.2  # TopK at ~8%: 4 ms on the wire, 4% more steps
 
 
-def test_overlap_compresses_just_enough_when_the_link_is_slow():
+def test_overlap_density_minimizes_the_predicted_time_to_accuracy():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, budget=0.5, probe_every=1000, min_density=0.001)
+    c = OverlapController(n, world, probe_every=1000)
     bw = 20e6 / 8  # 20 Mbit/s
     c.update(m(0, 1.0, compute=0.2, wire=bw))
     d = c.decide()
     assert not d.dense and d.fp16
-    sent = sparse_allgather_bytes(int(d.density * n), world, fp16=True)
-    assert sent == pytest.approx(0.5 * 0.2 * bw, rel=0.01)
+    wire_per_element = 6 / bw
+    assert d.density == pytest.approx(math.sqrt(0.003 * 0.2 / (n * wire_per_element)), rel=1e-6)
+    for other in (d.density * 0.8, d.density * 1.25, 0.01, 0.001):
+        assert c.predicted_cost(d) < c.predicted_cost(Decision(density=other, fp16=True, dense=False))
+    assert c.predicted_cost(d) < c.predicted_cost(Decision(fp16=True))
+    denser = OverlapController(n, world, knee=0.012, probe_every=1000)  # a task that suffers more
+    denser.update(m(0, 1.0, compute=0.2, wire=bw))
+    assert denser.decide().density == pytest.approx(2 * d.density)
 
 
 def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, budget=0.5, probe_every=1000, min_density=0.001)
+    c = OverlapController(n, world, probe_every=1000)
     for _ in range(5):
-        c.update(m(0, 1.0, compute=0.2, wire=200e6 / 8))
+        c.update(over_link(1e6, 200e6 / 8, compute=0.2))
     high = c.decide().density
     for _ in range(3):
-        c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
-    assert c.decide().density == pytest.approx(high / 10, rel=0.01)
+        c.update(over_link(1e6, 20e6 / 8, compute=0.2))
+    # A tenth of the bandwidth: each element costs 10x the wire time, the optimum is sqrt(10) lower.
+    assert c.decide().density == pytest.approx(high / math.sqrt(10), rel=0.1)
 
 
 def test_overlap_picks_the_cheaper_collective():
     # 64 workers: a sparse all_gather costs (N-1) x k x 6 bytes, the ring allreduce ~4n
     # whatever N. At a 5% density floor, sparse would cost 5x the dense fp16 allreduce.
     n, world = 1_000_000, 64
-    c = OverlapController(n, world, budget=1.0, min_density=0.05, probe_every=1000)
-    c.update(m(0, 1.0, compute=0.1, wire=1e6))  # a slow link: the budget is tiny
+    c = OverlapController(n, world, min_density=0.05, probe_every=1000)
+    c.update(m(0, 1.0, compute=0.1, wire=1e6))  # a slow link
     assert sparse_allgather_bytes(int(0.05 * n), world, True) > dense_allreduce_bytes(n, world, True)
     d = c.decide()
     assert d.dense and d.fp16
-    few = OverlapController(n, 2, budget=1.0, min_density=0.05, probe_every=1000)
+    few = OverlapController(n, 2, min_density=0.05, probe_every=1000)
     few.update(m(0, 1.0, compute=0.1, wire=1e6))
     assert not few.decide().dense  # with 2 workers sparse at 5% is far cheaper
 
 
-def test_overlap_counts_selection_time_against_the_budget():
+def test_overlap_counts_selection_time_against_the_wire():
     n, world = 10_000_000, 2
     bw = 200e6 / 8
-    free = OverlapController(n, world, budget=0.3, probe_every=1000, min_density=0.001)
+    free = OverlapController(n, world, probe_every=1000)
     free.update(m(0, 1.0, compute=0.2, wire=bw))
-    costly = OverlapController(n, world, budget=0.3, probe_every=1000, min_density=0.001)
+    costly = OverlapController(n, world, probe_every=1000)
     costly.update(m(0, 1.0, compute=0.2, wire=bw))
     # Selecting 100k elements took 60 ms: 0.6 us per element, more than the wire's 0.24 us.
     costly.update(StepMeasurement(1.0 * bw, 0, 1.0, 0.2, 1.0, selection_seconds=0.06, elements_sent=100_000))
     k_free = free.decide().density * n
     k_costly = costly.decide().density * n
-    assert k_free == pytest.approx(0.3 * 0.2 * bw / 6, rel=0.01)
-    assert k_costly < 0.5 * k_free
+    assert k_free == pytest.approx(math.sqrt(0.003 * 0.2 * n / (6 / bw)), rel=0.01)
+    assert k_costly == pytest.approx(k_free * math.sqrt(0.24 / 0.84), rel=0.01)
 
 
 def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
@@ -134,6 +180,7 @@ def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
     for k in (100_000, 125_000, 100_000, 80_000, 100_000):
         cost.add(k, 0.01 + 1e-7 * k)
     assert cost.per_element == pytest.approx(1e-7, rel=1e-6)
+    assert cost.intercept == pytest.approx(0.01, rel=1e-6)
     for _ in range(20):  # k steady again: the last slope stands
         cost.add(100_000, 0.01 + 1e-7 * 100_000)
     assert cost.per_element == pytest.approx(1e-7, rel=1e-6)
@@ -141,10 +188,10 @@ def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
 
 def test_overlap_never_compresses_below_its_floor():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, budget=0.25, probe_every=1000)
-    c.update(m(0, 1.0, compute=0.2, wire=1e6 / 8))  # 1 Mbit/s: the budget buys 0.02% of the gradient
+    c = OverlapController(n, world, probe_every=1000)
+    c.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))  # 0.1 Mbit/s: the optimum would be 0.035%
     d = c.decide()
-    assert not d.dense and d.density == 0.01  # the default floor: 1%
-    low = OverlapController(n, world, budget=0.25, probe_every=1000, min_density=0.001)
-    low.update(m(0, 1.0, compute=0.2, wire=1e6 / 8))
-    assert low.decide().density == 0.001
+    assert not d.dense and d.density == 0.001  # the default floor: 0.1%
+    high = OverlapController(n, world, probe_every=1000, min_density=0.01)
+    high.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))
+    assert high.decide().density == 0.01

@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from netsense.control.sensing import BottleneckEstimator
+from netsense.control.sensing import BottleneckEstimator, LinkEstimator, WindowedExtreme
 
 VALUE_BYTES = {False: 4, True: 2}  # fp32 / fp16
 INDEX_BYTES = 4  # int32
@@ -37,6 +37,7 @@ class StepMeasurement:
     grad_norm: float  # L2 norm of the (uncompressed) gradient
     selection_seconds: float = 0.0  # time spent selecting/packing sparse values
     elements_sent: float = 0.0  # gradient elements selected (sparse path)
+    hidden_seconds: float = 0.0  # communication that overlapped computation (busy - exposed)
 
 
 def dense_allreduce_bytes(n: int, world: int, fp16: bool = False) -> float:
@@ -147,6 +148,7 @@ class SelectionCost:
         self.points: deque[tuple[float, float]] = deque(maxlen=window)
         self.min_spread = min_spread
         self.slope: float | None = None
+        self.intercept = 0.0
 
     def add(self, elements: float, seconds: float) -> None:
         if elements > 0 and seconds > 0:
@@ -163,6 +165,7 @@ class SelectionCost:
             self.slope = min(max(0.0, cov / var), sm / km)
         elif self.slope is None:
             self.slope = sm / km
+        self.intercept = max(0.0, sm - self.slope * km)
 
     @property
     def per_element(self) -> float:
@@ -170,44 +173,58 @@ class SelectionCost:
 
 
 class OverlapController(Policy):
-    """Ours: compress only as much as the network requires, sized by compute time.
+    """Ours: the density that minimizes the predicted time to accuracy.
 
-    With B = the estimated bandwidth (bytes/s) and C = the measured compute
-    seconds of a step (its time less exposed communication and selection), the
-    step's communication may add ``budget * C`` seconds, and we send the most
-    gradient that fits:
+    Two measured costs and one prior. A step at density d takes
 
-    1. dense fp32 allreduce if its wire time fits (no compression at all);
-    2. else dense fp16 if that fits;
-    3. else TopK with fp16 values at the largest k with
-       ``k * ((N-1) * 6 / B + s) <= budget * C``, s the per-element selection
-       cost (SelectionCost: on CPUs packing an element costs a fifth to all of
-       its wire time, so ignoring it trades network time for CPU time), but
-       never below ``min_density``; or dense fp16 if the sparse all_gather of
-       that k would put more bytes on the wire.
+        T(d) = C + F + d*N*s + max(0, d*N*w - H)      (TopK, fp16 values)
+        T    = C + max(0, bytes / B - H)              (dense allreduce, fp32 or fp16)
 
-    Why: if a step at density d makes d^a of a dense step's progress, progress
-    per second d^a / (C + cost(d)) peaks where cost = a/(1-a) * C, so the budget
-    is a/(1-a). With error feedback a is small above a knee and large below it:
-    on the digits grid TopK needs 29 steps dense, 38 at 1% (a = 0.06 between
-    them) and 60 at 0.3% (a = 0.38 below 1%). Hence a small budget (0.25: a step
-    may cost a quarter more than its computation) and a floor at the knee,
-    ``min_density`` = 1%, below which the steps saved no longer pay for the
-    accuracy lost. Both are priors about the task; a task that keeps its accuracy
-    per step at 0.1% can lower the floor (spec: minDensity).
+    C is the compute seconds of a step (its time less exposed communication and
+    selection); B the estimated bandwidth and w = (world-1) * 6 / B the wire
+    seconds per element sent sparse; F selection's fixed pass over the gradient
+    and s its per-element cost (both fitted online by SelectionCost: on CPUs
+    packing an element costs a fifth to all of its wire time); H the
+    communication that can hide behind the backward pass (measured: the largest
+    share of compute that communication has overlapped lately, times C).
 
-    B is a max filter over a short window (3 steps: a drop shows within 3 steps)
-    of bytes/busy-seconds. A small payload under-measures the link (latency
-    dominates), so every ``probe_every`` steps the budget is raised by
-    ``probe_gain`` to discover freed capacity, as BBR's ProbeBW does.
+    The prior: TopK with error feedback needs ``1 + knee / d`` times the dense
+    steps to reach the same accuracy, ``knee`` (spec: kneeDensity) being the
+    density at which it needs twice as many. On the digits grid (29 steps dense,
+    31 at 10%, 38 at 1%, 60 at 0.3%) knee = 0.003 fits all three; the 1/d form
+    is what error feedback predicts when a coordinate waits ~1/d steps to be sent.
+
+    Time to accuracy is steps x step time, so the controller minimizes
+    ``(1 + knee/d) * T(d)``: once communication is exposed the optimum is
+
+        d* = sqrt(knee * (C + F - H) / (N * (s + w)))
+
+    (else the largest d whose wire time still hides), and compares it with the
+    dense collectives (factor 1: fp16 values train as fp32 do). So: no
+    compression when the dense gradient hides behind computation or costs less
+    than the steps compression would add; heavier compression as the link slows,
+    but only as sqrt(bandwidth), never more than the network requires. Of the
+    options within 5% of the cheapest the least compressed is taken (fp32 over
+    fp16 when neither costs much); the density is clamped to [min_density, 1];
+    dense fp16 also wins when a sparse all_gather of k would carry more bytes
+    (many workers).
+
+    B comes from the collectives' bytes and busy times (LinkEstimator: a drop
+    shows within 3 steps; payloads too small to fill the link cannot lower it).
+    Every ``probe_every`` steps a sparse step sends ``probe_gain`` times the
+    elements, so that capacity freed after a drop is measured, as BBR's ProbeBW
+    does (a larger payload is less dominated by the collectives' fixed time).
     """
 
-    def __init__(self, numel: int, world: int, budget=0.25, window=3, probe_every=8, probe_gain=1.25,
-                 min_density=0.01):
+    TOLERANCE = 0.05
+
+    def __init__(self, numel: int, world: int, knee=0.003, window=3, probe_every=8, probe_gain=2.0,
+                 min_density=0.001, hide_window=32):
         self.numel, self.world = numel, world
-        self.budget, self.probe_every, self.probe_gain = budget, probe_every, probe_gain
+        self.knee, self.probe_every, self.probe_gain = knee, probe_every, probe_gain
         self.min_density = min_density
-        self.sensor = BottleneckEstimator(window)
+        self.sensor = LinkEstimator(window)
+        self.hideable = WindowedExtreme(hide_window)  # share of compute that communication overlapped
         self.compute_s = 0.0
         self.selection = SelectionCost()
         self.steps = 0
@@ -217,31 +234,54 @@ class OverlapController(Policy):
         self.steps += 1
         self.sensor.observe(m.wire_bytes, m.comm_seconds)
         self.selection.add(m.elements_sent, m.selection_seconds)
-        # Smooth compute time: it is noisy on shared CPUs, and it only sets a budget.
+        if m.compute_seconds > 0:
+            self.hideable.add(min(1.0, max(0.0, m.hidden_seconds) / m.compute_seconds))
+        # Smooth compute time: it is noisy on shared CPUs.
         self.compute_s = m.compute_seconds if self.compute_s == 0 else 0.7 * self.compute_s + 0.3 * m.compute_seconds
+
+    @property
+    def hidden_s(self) -> float:
+        return self.hideable.value() * self.compute_s
+
+    def _wire_per_element(self) -> float:
+        return (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / self.sensor.bandwidth
+
+    def sparse_density(self) -> float:
+        """The density minimizing the predicted time to accuracy (before clamping and probing)."""
+        n, w, s = self.numel, self._wire_per_element(), self.selection.per_element
+        fixed, hidden = self.compute_s + self.selection.intercept, self.hidden_s
+        fits = hidden / (n * w)  # the largest density whose wire time hides entirely
+        exposed = math.sqrt(self.knee * max(0.0, fixed - hidden) / (n * (s + w)))
+        hiding = min(fits, math.sqrt(self.knee * fixed / (n * s))) if s > 0 else fits
+        candidates = [d for d in (exposed, hiding) if d > 0] or [self.min_density]
+        return min(candidates, key=lambda d: self.predicted_cost(Decision(density=min(1.0, d), dense=False)))
+
+    def predicted_cost(self, d: Decision) -> float:
+        """Seconds of training per dense step's worth of progress under decision d."""
+        bw, hidden = self.sensor.bandwidth, self.hidden_s
+        if d.dense:
+            return self.compute_s + max(0.0, dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw - hidden)
+        k = d.density * self.numel
+        step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
+                + max(0.0, sparse_allgather_bytes(math.ceil(k), self.world, fp16=True) / bw - hidden))
+        return (1 + self.knee / d.density) * step
 
     def decide(self) -> Decision:
         if self.world == 1 or self.sensor.bandwidth == 0 or self.compute_s == 0:
             self.last = Decision()  # dense until measured: also the most accurate bandwidth probe
             return self.last
-        gain = self.probe_gain if self.steps % self.probe_every == 0 else 1.0
-        seconds = self.budget * self.compute_s * gain
-        bw = self.sensor.bandwidth
-        allowed = seconds * bw
-        if dense_allreduce_bytes(self.numel, self.world) <= allowed:
-            self.last = Decision()
-        elif dense_allreduce_bytes(self.numel, self.world, fp16=True) <= allowed:
-            self.last = Decision(fp16=True)
-        else:
-            per_element = (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / bw + self.selection.per_element
-            k = seconds / per_element
-            density = min(1.0, max(self.min_density, k / self.numel))
-            sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=True)
-            if sparse >= dense_allreduce_bytes(self.numel, self.world, fp16=True):
-                self.last = Decision(fp16=True)
-            else:
-                self.last = Decision(density=density, fp16=True, dense=False)
+        density = min(1.0, max(self.min_density, self.sparse_density()))
+        options = [Decision(), Decision(fp16=True)]
+        sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=True)
+        if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=True):
+            options.append(Decision(density=density, fp16=True, dense=False))
+        costs = [self.predicted_cost(o) for o in options]
+        # Least compression first: within the model's error of the cheapest, the more faithful
+        # gradient wins (so fp32 over fp16 when neither costs much).
+        self.last = next(o for o, c in zip(options, costs, strict=True) if c <= (1 + self.TOLERANCE) * min(costs))
+        if not self.last.dense and self.steps % self.probe_every == 0:
+            self.last = Decision(density=min(1.0, density * self.probe_gain), fp16=True, dense=False)
         return self.last
 
     def telemetry(self) -> dict:
-        return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
+        return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.latency}

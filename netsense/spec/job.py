@@ -179,13 +179,14 @@ COMPRESSION = Obj({
     "trq": F(Float(min=0, max=1, doc="netsense: quantize when ratio < trq"), default=0.1),
     "trd": F(Float(min=0, doc="netsense: ... and gradient L2 norm > trd"), default=1e-3),
     "pruneFactor": F(Float(min=0, max=1, doc="netsense: prune at pruneFactor*(1-ratio)"), default=0.5),
-    "commBudget": F(Float(min=0, exclusive_min=True,
-                          doc="overlap: communication time a step may add, per unit of compute time"), default=0.25),
+    "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
+                           doc="overlap: density at which TopK with error feedback needs twice the dense "
+                               "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
     "minDensity": F(Float(min=0, max=1, exclusive_min=True,
-                          doc="overlap: never send less than this fraction (the accuracy-per-step knee)"),
-                    default=0.01),
+                          doc="overlap: never send less than this fraction"), default=0.001),
     "probeEvery": F(Int(min=2, doc="overlap: steps between bandwidth probes"), default=8),
-    "probeGain": F(Float(min=1, exclusive_min=True, doc="overlap: payload gain while probing"), default=1.25),
+    "probeGain": F(Float(min=1, exclusive_min=True,
+                         doc="overlap: payload gain while probing"), default=2.0),
 }, checks=[_check_compression])
 
 NETWORK = Obj({
