@@ -36,6 +36,12 @@ def test_link_estimator_is_not_lowered_by_payloads_too_small_to_fill_the_link():
         e.observe(40e3, 0.002 + 40e3 / gbit)
     assert e.bandwidth == pytest.approx(gbit, rel=0.1)
     assert e.latency == pytest.approx(0.002, rel=0.2)
+    for i in range(30):  # a rank held up now and then (10 ms), never three steps running
+        e.observe(40e3, 0.01 if i % 3 else 0.002)
+    assert e.bandwidth == pytest.approx(gbit, rel=0.1)
+    for _ in range(3):  # the link drops to 10 Mbit/s: 32 ms for the same 40 kB
+        e.observe(40e3, 0.002 + 40e3 / (10e6 / 8))
+    assert e.bandwidth == pytest.approx(10e6 / 8, rel=0.1)
 
 
 def test_link_estimator_probe_discovers_freed_capacity():

@@ -15,6 +15,7 @@ which every rank can agree (see compression.hooks), so we sense per step.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 
 
@@ -63,41 +64,43 @@ class BottleneckEstimator:
 class LinkEstimator:
     """Bandwidth from steps whose payloads may be too small to fill the link.
 
-    A collective's busy time is ``L + bytes / B``: a fixed part L (per-message
-    overhead, and the wait for the slowest rank) and the transfer. Where the
-    payload is small, L dominates and bytes/busy reads far below B: TopK at 1%
-    on a 1 Gbit/s link measured 100-250 Mbit/s, and a controller that believes
-    that compresses more, which shrinks the payload further. So:
+    A collective's busy time is a fixed part (per-message overhead, and the wait
+    for the slowest rank) plus the transfer. Where the payload is small the
+    fixed part dominates and bytes/busy reads far below the link: TopK at 1% on
+    a 1 Gbit/s link read 100-250 Mbit/s, and a controller that believes that
+    compresses more, which shrinks the payload further. So every step's
+    bytes/busy is taken for what it is, a lower bound on the bandwidth:
 
-    - L is the least busy time of the last ``memory`` steps;
-    - a step whose transfer dominates (busy >= 2L) measures ``bytes / (busy - L)``;
-      one whose does not only says ``B >= bytes / busy`` (BBR's application-
-      limited samples);
-    - the estimate is the largest measurement so far: small payloads can raise
-      it, never lower it, however long they last; but ``window`` transfer-
-      dominated steps in a row, all under half of it, replace it at once (a
-      drop shows within ``window`` steps);
+    - the estimate is the largest lower bound so far (a dense step, or a probe,
+      measures the link; small payloads after it cannot lower it however long
+      they last);
+    - but ``window`` steps in a row whose busy time is at least twice the usual
+      (the median of the last ``memory``) and whose rate is under half the
+      estimate replace it at once: a drop that matters shows within ``window``
+      steps, while one slow step (a rank held up) does not;
     - capacity freed after a drop is found by probing with larger payloads (the
       controller's job).
+
+    Subtracting the fixed part from the busy time instead over-estimates the
+    link (the least busy time includes some transfer, and a shaper's burst
+    makes small payloads look fast): 200 Mbit/s read as 500-1000.
     """
 
     def __init__(self, window: int = 3, memory: int = 32):
         self.window = window
-        self.overhead = WindowedExtreme(memory, use_max=False)
+        self.busy: deque[float] = deque(maxlen=memory)
         self.recent: deque[float] = deque(maxlen=window)
         self.best = 0.0
 
     def observe(self, wire_bytes: float, busy_seconds: float) -> None:
         if wire_bytes <= 0 or busy_seconds <= 0:
             return
-        self.overhead.add(busy_seconds)
-        fixed = self.overhead.value()
-        if busy_seconds >= 2 * fixed:
-            rate = wire_bytes / (busy_seconds - fixed)
+        rate = wire_bytes / busy_seconds
+        if self.busy and busy_seconds >= 2 * statistics.median(self.busy):
             self.recent.append(rate)
         else:
-            rate = wire_bytes / busy_seconds
             self.recent.clear()
+        self.busy.append(busy_seconds)
         self.best = max(self.best, rate)
         if len(self.recent) == self.window and max(self.recent) < self.best / 2:
             self.best = max(self.recent)
@@ -110,5 +113,5 @@ class LinkEstimator:
 
     @property
     def latency(self) -> float:
-        """The fixed part L of a collective's busy time, seconds."""
-        return self.overhead.value()
+        """The least busy time of a step lately, seconds (the collectives' fixed part, and some transfer)."""
+        return min(self.busy) if self.busy else 0.0
