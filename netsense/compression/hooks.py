@@ -129,7 +129,6 @@ class CompressionState:
             "compute_seconds": compute,
             "selection_seconds": self.selection_seconds,
             "elements_sent": self.elements_sent if not self.decision.dense else 0.0,
-            "hidden_seconds": max(0.0, busy - self.timer.exposed()),
             "grad_norm": math.sqrt(float(self.grad_sq)),
             **(self.policy.telemetry() if self.policy else {}),
         }
@@ -137,7 +136,7 @@ class CompressionState:
         if self.policy is not None:  # agree on this step's numbers while the next forward runs
             mine = torch.tensor([record["wire_bytes"], record["payload_bytes"], record["comm_seconds"],
                                  record["compute_seconds"], record["grad_norm"], record["selection_seconds"],
-                                 record["elements_sent"], record["hidden_seconds"]], dtype=torch.float64, device=self._device)
+                                 record["elements_sent"]], dtype=torch.float64, device=self._device)
             assert mine.numel() == _MEASURE_FIELDS
             self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
         return record
