@@ -126,8 +126,11 @@ def test_a_failing_worker_fails_the_run_with_its_reason(tmp_path):
 def test_interrupting_a_run_leaves_nothing_behind(tmp_path, sig, code):
     doc = job(training={"maxSteps": 100000}, network={"profile": {"type": "steps", "from": "100Mbit",
                                                                    "to": "10Mbit", "by": "10Mbit", "every": "1s"}})
+    # A shell without job control starts background commands with SIGINT ignored, and the
+    # run would inherit that; give it the default disposition a terminal's Ctrl-C meets.
     proc = subprocess.Popen([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     events = tmp_path / "o" / "events.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
