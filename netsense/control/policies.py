@@ -207,7 +207,7 @@ class OverlapController(Policy):
     Communication that overlaps the backward pass is not counted as free: on
     CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
     Counting the overlapped time as free drove ResNet18 at 200 Mbit/s to 4.5%
-    and 0.59x the no-communication ceiling (at ~1%: 0.75x); the step got slower
+    and 0.59x the no-communication ceiling (at ~1.5%: 0.75x); the step got slower
     while the model said the extra bytes hid.
 
     B comes from the collectives' bytes and busy times (LinkEstimator: a drop
