@@ -38,7 +38,7 @@ def test_shipped_grids_load():
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
         assert cells
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
-    assert len(cells) == 7 * 6 * 3  # methods x profiles x seeds
+    assert len(cells) == 7 * 6 * 6  # methods x profiles x seeds
     assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
 
 
