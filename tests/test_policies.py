@@ -50,9 +50,9 @@ def test_link_estimator_probe_discovers_freed_capacity():
     for _ in range(5):
         e.observe(40e3, 0.002 + 40e3 / slow)
     assert e.bandwidth == pytest.approx(slow, rel=0.15)
-    probes = 0
-    while e.bandwidth < 0.5 * fast:  # the link is now 50x faster; probes of 2 x bandwidth x latency
-        probe = 2 * e.bandwidth * e.latency
+    probes, probe = 0, 40e3
+    while e.bandwidth < 0.5 * fast:  # the link is now 50x faster; each probe doubles the payload, as overlap's do
+        probe *= 2
         before = e.bandwidth
         e.observe(probe, 0.002 + probe / fast)
         probes += 1
