@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--epoch", type=float, default=None, help="unix time the profile's clock starts (default now)")
     g.add_argument("--start-file", metavar="PATH",
-                   help="hold the first step until PATH holds the unix time the clock starts "
-                        "(the trainer writes it at its first step)")
+                   help="follow the trainer's training clock published in PATH: the first step holds "
+                        "until it appears (the trainer's first step), and the profile stands still "
+                        "while training does (evaluation)")
     s.add_argument("--ready-file", metavar="PATH", help="written once the first step is applied")
     s.add_argument("--once", action="store_true", help="apply the current step and exit, leaving it in place")
     s.set_defaults(fn=cmd_shape)

@@ -171,10 +171,10 @@ def test_a_hung_worker_ends_the_run_within_the_collective_timeout(tmp_path):
 
 
 @pytest.mark.root
-def test_a_time_varying_profile_starts_at_the_first_training_step(tmp_path):
-    # Worker start-up takes seconds: a profile clocked from cluster start would already
-    # be at its second step when training begins.
-    doc = job(training={"maxSteps": 100000, "maxSeconds": "3s"},
+def test_a_time_varying_profile_runs_on_the_training_clock(tmp_path):
+    # Worker start-up takes seconds, and evaluation (every 5 steps here) is off the training
+    # clock: a profile clocked from cluster start, or on wall time, would change too early.
+    doc = job(training={"maxSteps": 100000, "maxSeconds": "3s", "evalEvery": 5, "evalSamples": 360},
               network={"profile": {"type": "steps", "steps": [{"at": 0, "rate": "100Mbit"},
                                                               {"at": "1.5s", "rate": "10Mbit"}]}})
     out = tmp_path / "out"
@@ -184,7 +184,12 @@ def test_a_time_varying_profile_starts_at_the_first_training_step(tmp_path):
     shaping = [json.loads(line) for line in (out / "shaping.jsonl").read_text().splitlines()]
     clock = next(ev for ev in shaping if ev["event"] == "clock")
     change = next(ev for ev in shaping if ev["event"] == "rate")
-    assert change["rate_bps"] == 10e6 and change["time"] - clock["epoch"] == pytest.approx(1.5, abs=0.2)
+    assert change["rate_bps"] == 10e6 and change["t"] == pytest.approx(1.5, abs=0.05)
     with open(out / "timeline.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert float(rows[0]["link_rate_mbit"]) == 100.0 and float(rows[-1]["link_rate_mbit"]) == 10.0
+    # The change lands where the training clock reads 1.5 s, later on the wall clock by the evaluations.
+    first_slow = next(r for r in rows if float(r["link_rate_mbit"]) == 10.0)
+    assert 1.5 <= float(first_slow["time"]) <= 1.5 + 0.3
+    evaluations = json.loads((out / "result.json").read_text())["wall_seconds"] - 3.0
+    assert evaluations > 0.1 and change["time"] - clock["epoch"] > 1.5 + 0.05

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from netsense.shaping.profiles import build_profile
-from netsense.shaping.tc import NO_NETEM, qdiscs
+from netsense.shaping.tc import NO_NETEM, gso_max_segs, qdiscs
 from netsense.testbed import cluster as cl
 from netsense.testbed.cluster import LocalCluster, kernel_has_netem, list_namespaces
 
@@ -47,6 +47,53 @@ def rate_between(out: dict, t0: float, t1: float) -> float:
     return sum(b) * 8 / (len(b) * out["bin_s"])
 
 
+def payloads_after_idle(c: LocalCluster, sizes: list[int], gap_s: float = 0.1, port: int = 5002) -> dict[int, float]:
+    """Each size's median apparent rate (bits/s), timed from the sender's write to the receiver holding it all."""
+    sizes = [s for s in sizes for _ in range(3)]
+    recv = c.spawn(1, [sys.executable, "-m", "netsense.testbed.bulk", "recv-payloads", str(port), *map(str, sizes)],
+                   stdout=subprocess.PIPE)
+    time.sleep(0.3)
+    send = c.spawn(0, [sys.executable, "-m", "netsense.testbed.bulk", "send-payloads", c.address(1), str(port),
+                       str(gap_s), *map(str, sizes)], stdout=subprocess.PIPE)
+    started = json.loads(send.communicate(timeout=120)[0])["started"]
+    done = json.loads(recv.communicate(timeout=30)[0])["done"]
+    rates: dict[int, list[float]] = {}
+    for size, t0, t1 in zip(sizes, started, done, strict=True):
+        rates.setdefault(size, []).append(size * 8 / (t1 - t0))
+    return {size: sorted(r)[len(r) // 2] for size, r in rates.items()}
+
+
+# (rate, smallest payload held to 0.85-1.15x): a short payload after an idle gap must not outrun the link.
+@pytest.mark.parametrize(("rate", "from_bytes"), [("10Mbit", 47_000), ("20Mbit", 47_000), ("50Mbit", 47_000),
+                                                  ("200Mbit", 47_000), ("1000Mbit", 300_000)])
+def test_a_payload_after_an_idle_gap_crosses_at_the_link_rate(rate, from_bytes):
+    profile = build_profile({"type": "static", "rate": rate})
+    bps = profile.rate_at(0)
+    sizes = [10_000, 47_000, 100_000, 300_000, 1_000_000] + ([4_000_000] if bps >= 50e6 else [])
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        got = payloads_after_idle(c, sizes)
+    ratios = {size: r / bps for size, r in got.items()}
+    report = ", ".join(f"{size // 1000} kB {x:.2f}x" for size, x in ratios.items())
+    if bps <= 200e6:
+        assert ratios[10_000] <= 1.25, f"{rate}: 10 kB outran the link ({report})"
+    low = 0.8 if bps > 200e6 else 0.85
+    for size, x in ratios.items():
+        if size >= from_bytes:
+            assert low <= x <= 1.15, f"{rate}: {size // 1000} kB crossed at {x:.2f}x the rate ({report})"
+
+
+def test_a_rate_change_in_place_keeps_the_bucket_sized_for_the_new_rate():
+    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "20Mbit"}, {"at": "0.3s", "rate": "1Gbit"},
+                                                        {"at": "0.6s", "rate": "20Mbit"}]})
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        assert "peakrate 22Mbit" in qdiscs("eth0", c.host_ns(0))
+        time.sleep(0.45)
+        fast = qdiscs("eth0", c.host_ns(0))
+        assert "rate 1Gbit" in fast and "peakrate" not in fast and "burst 31" in fast  # 250 us of the rate
+        time.sleep(0.4)
+        assert "peakrate 22Mbit" in qdiscs("eth0", c.host_ns(0))
+
+
 @pytest.mark.parametrize("rate", ["10Mbit", "50Mbit", "200Mbit", "1000Mbit"])
 def test_static_rate_is_achieved_within_10_percent(rate):
     profile = build_profile({"type": "static", "rate": rate})
@@ -69,12 +116,12 @@ def test_a_scheduled_change_binds_within_half_a_second():
     first_low = next(i for i, b in enumerate(bins) if i * out["bin_s"] + start > epoch + 1 and b < threshold)
     delay = start + first_low * out["bin_s"] - change_at
     assert delay <= 0.5, f"the change bound {delay:.2f}s after its time"
-    assert rate_between(out, first_low * 0.1 + 0.5, first_low * 0.1 + 2.0) == pytest.approx(20e6, rel=0.1)
+    assert rate_between(out, first_low * 0.1 + 0.5, first_low * 0.1 + 2.0) == pytest.approx(20e6, rel=0.12)
 
 
-def test_the_step_decline_2000_to_200_is_followed_step_by_step():
+def test_a_step_decline_is_followed_step_by_step():
     every = 1.5
-    profile = build_profile({"type": "steps", "from": "2000Mbit", "to": "200Mbit", "by": "200Mbit",
+    profile = build_profile({"type": "steps", "from": "500Mbit", "to": "50Mbit", "by": "50Mbit",
                              "every": f"{every}s"})
     assert len(profile.points) == 10
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
@@ -83,14 +130,28 @@ def test_the_step_decline_2000_to_200_is_followed_step_by_step():
     offset = out["start"] - epoch
     for i, (t, bps) in enumerate(profile.points):
         got = rate_between(out, t - offset + 0.5, t - offset + every - 0.2)
-        assert 0.9 <= got / bps <= 1.1, f"step {i} ({bps / 1e6:.0f} Mbit): measured {got / 1e6:.1f}"
+        # 0.85: a link whose rate changes sends one-frame packets (netsense.shaping.tc), which costs bulk TCP here
+        assert 0.85 <= got / bps <= 1.1, f"step {i} ({bps / 1e6:.0f} Mbit): measured {got / 1e6:.1f}"
+
+
+def test_a_shrinking_bucket_never_stalls_the_link():
+    """GSO packets queued under a large bucket could never leave a smaller one (the link stalled for good)."""
+    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "2Gbit"}, {"at": "1s", "rate": "1Gbit"},
+                                                        {"at": "2s", "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        epoch = c.epoch
+        out = bulk(c, 4.5)
+    offset = out["start"] - epoch
+    for i, (t, bps) in enumerate(profile.points):
+        got = rate_between(out, t - offset + 0.4, t - offset + 0.9)
+        assert got >= min(0.5 * bps, 400e6), f"step {i} ({bps / 1e6:.0f} Mbit) carried {got / 1e6:.1f} Mbit/s"
 
 
 def test_direction_both_shapes_the_downlink_too():
     profile = build_profile({"type": "static", "rate": "50Mbit"})
     with LocalCluster(2, profile, direction="both", shaping_log=open(os.devnull, "w")) as c:
-        assert "htb" in qdiscs("h1", c.bridge_ns)
-        assert "htb" in qdiscs("eth0", c.host_ns(1))
+        assert "tbf" in qdiscs("h1", c.bridge_ns)
+        assert "tbf" in qdiscs("eth0", c.host_ns(1))
 
 
 def test_two_clusters_coexist_and_are_isolated():
@@ -148,6 +209,7 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         profile = tmp_path / "p.yaml"
         profile.write_text("type: steps\nsteps: [{at: 0s, rate: 100Mbit}, {at: 1s, rate: 30Mbit}]\n")
         ready = tmp_path / "ready"
+        gso_before = gso_max_segs("eth0", ns)
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "netsense", "shape", "--dev",
                                  "eth0", "--profile", str(profile), "--direction", "both",
                                  "--ready-file", str(ready)], stdout=subprocess.PIPE, text=True)
@@ -155,8 +217,9 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert ready.exists()
-        assert "htb" in qdiscs("eth0", ns) and "ingress" in qdiscs("eth0", ns)
-        assert "htb" in qdiscs("ifb-eth0", ns)
+        assert "tbf" in qdiscs("eth0", ns) and "ingress" in qdiscs("eth0", ns)
+        assert gso_max_segs("eth0", ns) == 1  # the bucket at 30 Mbit, the profile's lowest rate, holds two frames
+        assert "tbf" in qdiscs("ifb-eth0", ns)
         time.sleep(1.6)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
@@ -164,37 +227,40 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         events = [json.loads(line) for line in out.splitlines()]
         assert [e["rate"] for e in events if "rate" in e] == ["100Mbit", "30Mbit"]
         assert events[-1]["event"] == "unshaped"
-        assert "htb" not in qdiscs("eth0", ns) and "ingress" not in qdiscs("eth0", ns)
+        assert "tbf" not in qdiscs("eth0", ns) and "ingress" not in qdiscs("eth0", ns)
         links = subprocess.run(["ip", "-n", ns, "link"], capture_output=True, text=True).stdout
         assert "ifb-eth0" not in links
+        assert gso_max_segs("eth0", ns) == gso_before, "the device's GSO size was not restored"
     finally:
         subprocess.run(["ip", "netns", "del", ns])
 
 
-def htb_rate(c: LocalCluster, host: int) -> str:
-    out = subprocess.run(["tc", "-n", c.host_ns(host), "class", "show", "dev", "eth0"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.split(" rate ")[1].split()[0]
+def tbf_rate(c: LocalCluster, host: int) -> str:
+    return qdiscs("eth0", c.host_ns(host)).split(" rate ")[1].split()[0]
 
 
-def test_with_a_start_file_the_clock_starts_when_training_does_and_rewinds(tmp_path):
-    from netsense.shaping.shaper import write_start_file
+def test_with_a_start_file_the_profile_follows_the_training_clock_pauses_and_rewinds(tmp_path):
+    from netsense.shaping.shaper import write_clock
 
     start = str(tmp_path / "profile-start")
     profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "50Mbit"}, {"at": "0.5s", "rate": "20Mbit"}]})
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w"), start_file=start) as c:
         time.sleep(1.0)  # workers starting: the first step holds however long that takes
-        assert c.epoch is None and htb_rate(c, 0) == "50Mbit"
+        assert c.epoch is None and tbf_rate(c, 0) == "50Mbit"
         epoch = time.time()
-        write_start_file(start, epoch)
+        write_clock(start, epoch, paused_at=0.3)  # an evaluation at 0.3 s on the training clock
         time.sleep(1.0)
-        assert c.epoch == epoch and htb_rate(c, 1) == "20Mbit"
+        assert c.epoch == epoch and tbf_rate(c, 0) == "50Mbit", "the profile ran on while training stood still"
+        resumed = time.time()
+        write_clock(start, resumed - 0.3)  # training resumes: 0.2 s to the change
+        time.sleep(1.0)
+        assert tbf_rate(c, 1) == "20Mbit"
         applied_at, bps = c.follower.applied[-1]
-        assert bps == 20e6 and abs(applied_at - (epoch + 0.5)) < 0.15
+        assert bps == 20e6 and abs(applied_at - (resumed + 0.2)) < 0.1
         os.unlink(start)  # a gang restart: back to the first step until the new gang starts
         c.follower.rewind()
         time.sleep(1.0)
-        assert c.epoch is None and htb_rate(c, 0) == "50Mbit"
-        write_start_file(start, time.time())
+        assert c.epoch is None and tbf_rate(c, 0) == "50Mbit"
+        write_clock(start, time.time())
         time.sleep(1.0)
-        assert htb_rate(c, 0) == "20Mbit"
+        assert tbf_rate(c, 0) == "20Mbit"

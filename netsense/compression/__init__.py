@@ -111,8 +111,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
         "overlap": lambda: OverlapController(
-            numel, world, knee=c["kneeDensity"], probe_every=c["probeEvery"], probe_gain=c["probeGain"],
-            min_density=c["minDensity"]),
+            numel, world, knee=c["kneeDensity"], window=c["window"], probe_every=c["probeEvery"],
+            probe_gain=c["probeGain"], min_density=c["minDensity"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

@@ -85,6 +85,8 @@ class CompressionState:
         self._agreement: torch.futures.Future | None = None
         self._device = torch.device("cpu")
         self._step_start = 0.0
+        self._forward_start: float | None = None  # set by start_step()
+        self.warmup = False  # this step is dense because compression has not begun
         self._reset_counters()
         self.history: list[dict] = []  # one telemetry record per finished step
         self._finished = True
@@ -123,6 +125,7 @@ class CompressionState:
             "density": self.elements_sent / self.elements_total if self.elements_total else 1.0,
             "fp16": self.decision.fp16,
             "dense": self.decision.dense,
+            "warmup": self.warmup,
             "wire_bytes": self.wire_bytes,
             "payload_bytes": self.payload_bytes,
             "comm_seconds": busy,
@@ -140,6 +143,15 @@ class CompressionState:
             assert mine.numel() == _MEASURE_FIELDS
             self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
         return record
+
+    def start_step(self) -> None:
+        """Mark the start of a step's forward pass (call before it).
+
+        The compute a step costs starts there; without this mark it is timed from
+        the first bucket's hook, which misses the forward pass and part of the
+        backward."""
+        self.end_step()
+        self._forward_start = time.perf_counter()
 
     def finish(self) -> None:
         """End the last step and wait for its measurement agreement.
@@ -160,16 +172,18 @@ class CompressionState:
             if self.policy is not None and agreed[0] > 0:
                 self.policy.update(StepMeasurement(*(v / self.world for v in agreed)))
         self.step += 1
+        self.warmup = self.policy is not None and self.step < self.warmup_steps
         if self.policy is None:
             self.decision = Decision(fp16=self.fixed_fp16)
-        elif self.step < self.warmup_steps:
+        elif self.warmup:
             self.decision = Decision()
         else:
             self.decision = self.policy.decide()
         self._device = device
         self._reset_counters()
         self.timer = IntervalTimer(device)
-        self._step_start = time.perf_counter()
+        self._step_start = self._forward_start if self._forward_start is not None else time.perf_counter()
+        self._forward_start = None
         self._finished = False
 
     # -- the two communication paths ----------------------------------------------

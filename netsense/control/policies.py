@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from netsense.control.sensing import BottleneckEstimator, LinkEstimator
+from netsense.control.sensing import LinkEstimator
 
 VALUE_BYTES = {False: 4, True: 2}  # fp32 / fp16
 INDEX_BYTES = 4  # int32
@@ -76,9 +76,13 @@ class FixedDensity(Policy):
 class PaperAIMD(Policy):
     """NetSenseML as published (Algorithms 1 and 2), every constant a parameter.
 
-    Sensing: BtlBw = windowed max of payload/RTT, RTprop = windowed min of RTT,
-    BDP = BtlBw*RTprop, with payload = the compressed bytes of a step and RTT its
-    collective time. Update::
+    Sensing: BtlBw = windowed max of bytes/RTT, RTprop = windowed min of RTT,
+    BDP = BtlBw*RTprop, with bytes = what a step's collectives put on the wire
+    (the compressed payload, times N-1 for an all_gather: at 2 workers the
+    paper's data_size exactly) and RTT their busy time. BtlBw skips the samples
+    too small to measure the link, as BBR's does (control.sensing): the paper's
+    literal max of every payload/RTT reads a fraction of a faithful link.
+    Update::
 
         payload > fraction * BDP  ->  ratio *= alpha      (multiplicative decrease)
         otherwise                 ->  ratio += beta       (additive increase)
@@ -104,15 +108,15 @@ class PaperAIMD(Policy):
         self.in_startup = startup
         self.quantize, self.trq, self.trd = quantize, trq, trd
         self.prune_factor = prune_factor
-        self.sensor = BottleneckEstimator(window)
+        self.sensor = LinkEstimator(window)
         self.grad_norm = 0.0
 
     def update(self, m: StepMeasurement) -> None:
         self.grad_norm = m.grad_norm
-        self.sensor.observe(m.payload_bytes, m.comm_seconds)
-        if m.payload_bytes <= 0:
+        self.sensor.observe(m.wire_bytes, m.comm_seconds)
+        if m.wire_bytes <= 0:
             return
-        if m.payload_bytes > self.fraction * self.sensor.bdp:
+        if m.wire_bytes > self.fraction * self.sensor.bdp:
             self.ratio *= self.alpha
             self.in_startup = False
         elif self.in_startup:
@@ -211,15 +215,16 @@ class OverlapController(Policy):
     while the model said the extra bytes hid.
 
     B comes from the collectives' bytes and busy times (LinkEstimator: a drop
-    shows within 3 steps; payloads too small to fill the link cannot lower it).
+    shows within 2 steps; payloads too small to measure the link cannot lower it).
     Every ``probe_every`` steps a sparse step sends ``probe_gain`` times the
-    elements, so that capacity freed after a drop is measured, as BBR's ProbeBW
-    does (a larger payload is less dominated by the collectives' fixed time).
+    elements, or more where that payload is too small to measure the link
+    (LinkEstimator.probe_bytes), so that capacity freed after a drop is
+    measured, as BBR's ProbeBW does.
     """
 
     TOLERANCE = 0.05
 
-    def __init__(self, numel: int, world: int, knee=0.003, window=3, probe_every=8, probe_gain=2.0,
+    def __init__(self, numel: int, world: int, knee=0.003, window=10, probe_every=8, probe_gain=2.0,
                  min_density=0.001):
         self.numel, self.world = numel, world
         self.knee, self.probe_every, self.probe_gain = knee, probe_every, probe_gain
@@ -269,8 +274,17 @@ class OverlapController(Policy):
         # gradient wins (so fp32 over fp16 when neither costs much).
         self.last = next(o for o, c in zip(options, costs, strict=True) if c <= (1 + self.TOLERANCE) * min(costs))
         if not self.last.dense and self.steps % self.probe_every == 0:
-            self.last = Decision(density=min(1.0, density * self.probe_gain), fp16=True, dense=False)
+            self.last = self.probe(density)
         return self.last
 
+    def probe(self, density: float) -> Decision:
+        """A step whose payload measures the link: ``probe_gain`` x the density, or more if that is too small
+        to tell the link from the collectives' fixed time; dense fp16 where a sparse probe would carry more."""
+        per_element = sparse_allgather_bytes(1, self.world, fp16=True)
+        d = max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
+        if d * self.numel * per_element >= dense_allreduce_bytes(self.numel, self.world, fp16=True):
+            return Decision(fp16=True)
+        return Decision(density=d, fp16=True, dense=False)
+
     def telemetry(self) -> dict:
-        return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.latency}
+        return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}

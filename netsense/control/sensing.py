@@ -1,16 +1,41 @@
 """Network sensing from the collectives themselves (BBR's model, per training step).
 
-For each step we observe the bytes the step's collectives put on the wire and
-the time they were busy (the union of their [launch, completion] intervals, so
-overlapping buckets are not double counted):
+For each step we observe the bytes the step's collectives put on the wire, D,
+and the time they were busy, t (the union of their [launch, completion]
+intervals, so overlapping buckets are not double counted). A collective's busy
+time is a fixed part L (per-message overhead, the wait for the slowest rank to
+launch) plus the transfer::
 
-    EBB    = bytes / busy_seconds          effective bandwidth of that step
-    BtlBw  = max(EBB)  over the last W steps
-    RTprop = min(busy_seconds) over the last W steps
-    BDP    = BtlBw * RTprop
+    t = L + D / B
 
-The paper defines these per "gradient transmission"; a step is the unit on
-which every rank can agree (see compression.hooks), so we sense per step.
+The paper takes every step's D/t as a sample of the bottleneck bandwidth B and
+keeps the windowed max. On a faithful link that reads far below B whenever D/B
+is not large against L: TopK at 1% on a 1 Gbit/s link read 100-250 Mbit/s. BBR
+has the answer: a delivery-rate sample measures the link only when the sender
+had enough data in flight to fill it; an *application-limited* sample may raise
+the estimate, never lower it. Here (``LinkEstimator``):
+
+- L is what the model leaves over, ``t - D/B``, over recent steps: its median
+  says how long a typical step's fixed part is, its lower quartile how short
+  one can be (it varies 5-25 ms here: two workers on two shared cores launch
+  their collectives milliseconds apart). Until three steps have told it, a
+  sample can only raise the estimate;
+- a step is app-limited when its payload would cross the estimated link in
+  less than ``fill`` x the median L: its D/t says more about L than about B;
+- a measuring step's sample is ``D / (t - L_low)``, the lower quartile taken
+  off: at most ``1 + 1/fill`` above D/t, and above the link only for a step
+  whose fixed part was shorter than three in four;
+- BtlBw is the max of the last ``window`` measuring samples (app-limited ones
+  join only when they read higher): a max filter that ages out;
+- a drop must not wait for the filter to age: ``drop_after`` steps running
+  whose busy time is over twice what the model predicts (L + D/B), app-limited
+  or not, replace the estimate with the rate they imply, D / (t - L). One slow
+  step (a rank held up) does not;
+- capacity freed after a drop shows as soon as a measuring sample reads higher;
+  a controller whose payloads are all app-limited must probe with larger ones,
+  ``probe_bytes`` (overlap does).
+
+RTprop, the least busy time of a recent step, is the paper's; BDP = BtlBw x RTprop.
 """
 
 from __future__ import annotations
@@ -36,16 +61,23 @@ class WindowedExtreme:
         self.samples.clear()
 
 
-class BottleneckEstimator:
-    def __init__(self, window: int = 10):
-        self.btlbw = WindowedExtreme(window, use_max=True)  # bytes/s
-        self.rtprop = WindowedExtreme(window, use_max=False)  # seconds
+class LinkEstimator:
+    """Bottleneck bandwidth (bytes/s) and the collectives' fixed time from per-step samples.
 
-    def observe(self, wire_bytes: float, busy_seconds: float) -> None:
-        if wire_bytes <= 0 or busy_seconds <= 0:
-            return
-        self.btlbw.add(wire_bytes / busy_seconds)
-        self.rtprop.add(busy_seconds)
+    See the module docstring for the model. ``last_sample`` says what the latest
+    step was taken for: "measure", "app-limited", "raise" (app-limited, read
+    higher), "slow" (over twice the prediction) or "drop" (the estimate fell).
+    """
+
+    LEARN_FIXED = 3  # steps of residuals before L is trusted
+
+    def __init__(self, window: int = 10, fill: float = 4.0, drop_after: int = 2, memory: int = 16):
+        self.fill, self.drop_after = fill, drop_after
+        self.btlbw = WindowedExtreme(window, use_max=True)
+        self.rtprop = WindowedExtreme(window, use_max=False)
+        self.residuals: deque[float] = deque(maxlen=memory)  # t - D/B: the fixed part, per step
+        self.slow: list[float] = []  # implied rates of the slow steps running
+        self.last_sample = ""
 
     @property
     def bandwidth(self) -> float:
@@ -53,65 +85,65 @@ class BottleneckEstimator:
         return self.btlbw.value()
 
     @property
+    def fixed(self) -> float:
+        """L: the collectives' fixed seconds in a typical step (median of what the model leaves over)."""
+        return statistics.median(self.residuals) if self.residuals else 0.0
+
+    @property
+    def fixed_low(self) -> float:
+        """The lower quartile of L: how short the fixed part of a step can be."""
+        if len(self.residuals) < 2:
+            return 0.0
+        return statistics.quantiles(self.residuals, n=4)[0]
+
+    @property
+    def probe_bytes(self) -> float:
+        """A payload large enough to measure the link: ``fill`` x L on the wire at the estimated rate."""
+        return self.fill * self.fixed * self.bandwidth
+
+    @property
     def rtt(self) -> float:
+        """RTprop: the least busy time of a recent step, seconds."""
         return self.rtprop.value()
 
     @property
     def bdp(self) -> float:
         return self.bandwidth * self.rtt
 
-
-class LinkEstimator:
-    """Bandwidth from steps whose payloads may be too small to fill the link.
-
-    A collective's busy time is a fixed part (per-message overhead, and the wait
-    for the slowest rank) plus the transfer. Where the payload is small the
-    fixed part dominates and bytes/busy reads far below the link: TopK at 1% on
-    a 1 Gbit/s link read 100-250 Mbit/s, and a controller that believes that
-    compresses more, which shrinks the payload further. So every step's
-    bytes/busy is taken for what it is, a lower bound on the bandwidth:
-
-    - the estimate is the largest lower bound so far (a dense step, or a probe,
-      measures the link; small payloads after it cannot lower it however long
-      they last);
-    - but ``window`` steps in a row whose busy time is at least twice the usual
-      (the median of the last ``memory``) and whose rate is under half the
-      estimate replace it at once: a drop that matters shows within ``window``
-      steps, while one slow step (a rank held up) does not;
-    - capacity freed after a drop is found by probing with larger payloads (the
-      controller's job).
-
-    Subtracting the fixed part from the busy time instead over-estimates the
-    link (the least busy time includes some transfer, and a shaper's burst
-    makes small payloads look fast): 200 Mbit/s read as 500-1000.
-    """
-
-    def __init__(self, window: int = 3, memory: int = 32):
-        self.window = window
-        self.busy: deque[float] = deque(maxlen=memory)
-        self.recent: deque[float] = deque(maxlen=window)
-        self.best = 0.0
+    def app_limited(self, wire_bytes: float) -> bool:
+        """Would this payload cross the estimated link in less than ``fill`` x the fixed time?"""
+        b = self.bandwidth
+        return b > 0 and wire_bytes / b < self.fill * self.fixed
 
     def observe(self, wire_bytes: float, busy_seconds: float) -> None:
         if wire_bytes <= 0 or busy_seconds <= 0:
             return
-        rate = wire_bytes / busy_seconds
-        if self.busy and busy_seconds >= 2 * statistics.median(self.busy):
-            self.recent.append(rate)
+        d, t = wire_bytes, busy_seconds
+        self.rtprop.add(t)
+        b, fixed = self.bandwidth, self.fixed
+        rate = d / t
+        if b == 0:
+            self.btlbw.add(rate)
+            self.last_sample = "measure"
+            return
+        known = len(self.residuals) >= self.LEARN_FIXED  # until L is known, a sample can only raise
+        self.residuals.append(max(0.0, t - d / b))
+        if known and t > 2 * (fixed + d / b):
+            self.slow.append(d / max(t - fixed, t / 2))
+            self.last_sample = "slow"
+            if len(self.slow) >= self.drop_after:
+                self.btlbw.clear()
+                self.btlbw.add(max(self.slow))
+                self.residuals.clear()
+                self.slow.clear()
+                self.last_sample = "drop"
+            return
+        self.slow.clear()
+        if known and d / b >= self.fill * fixed:
+            self.btlbw.add(d / max(t - self.fixed_low, t / 2))
+            self.last_sample = "measure"
+        elif rate > b:
+            self.btlbw.add(rate)
+            self.last_sample = "raise"
         else:
-            self.recent.clear()
-        self.busy.append(busy_seconds)
-        self.best = max(self.best, rate)
-        if len(self.recent) == self.window and max(self.recent) < self.best / 2:
-            self.best = max(self.recent)
-            self.recent.clear()
-
-    @property
-    def bandwidth(self) -> float:
-        """Estimated bottleneck bandwidth, bytes/s (0 before any sample)."""
-        return self.best
-
-    @property
-    def latency(self) -> float:
-        """The least busy time of a step lately, seconds (the collectives' fixed part, and some transfer)."""
-        return min(self.busy) if self.busy else 0.0
+            self.last_sample = "app-limited"

@@ -4,13 +4,18 @@ Used by the local testbed (a thread, all hosts' links at once) and by
 ``netsense shape`` (the Kubernetes sidecar: one pod's eth0, egress and optionally
 ingress).
 
-The profile's clock starts at ``epoch`` (a unix time), or, given ``start_file``,
-when training starts: until that file holds a unix time the first step stays in
-force, then the clock runs from the time written there. The trainers agree on
-that time (rank 0's, broadcast to all ranks) and each writes it for its own
-shaper, so every link changes together and every run sees the same part of a
-time-varying profile however long its workers took to start (3-9 s here,
-minutes for a cold image pull in a cluster).
+The profile runs on the *training clock*, the clock on which time to accuracy
+is measured: it starts at the first training step and stands still while the
+trainer evaluates or agrees to stop. Given ``epoch`` (a unix time) the clock is
+plain wall time from there. Given a ``start_file``, the trainer publishes its
+clock there (``write_clock``): until the file appears the first step holds;
+then it holds ``EPOCH`` while training runs (clock = now - EPOCH) or ``EPOCH
+PAUSED_AT`` while the clock stands at PAUSED_AT. The follower reads it every
+20 ms. The trainers agree on the epoch (rank 0's, broadcast to all ranks) and
+each writes it for its own shaper, so every link changes together and every
+run sees the same part of a time-varying profile however long its workers took
+to start (3-9 s here, minutes for a cold image pull in a cluster) and however
+long its evaluations take.
 """
 
 from __future__ import annotations
@@ -27,23 +32,28 @@ from netsense import units
 from netsense.shaping.profiles import Profile
 from netsense.shaping.tc import TcLink
 
-START_POLL_S = 0.02  # how often a waiting follower looks for the start file
+CLOCK_POLL_S = 0.02  # how often a follower reads the trainer's clock file
 
 
-def read_start_file(path: str) -> float | None:
-    """The unix time written to ``path``, or None while it is absent or incomplete."""
+def read_clock(path: str) -> tuple[float, float | None] | None:
+    """(epoch, paused_at) from a clock file; None while it is absent or unreadable."""
     try:
         with open(path) as fh:
-            return float(fh.read().strip())
+            fields = [float(x) for x in fh.read().split()]
     except (OSError, ValueError):
         return None
+    if len(fields) == 1:
+        return fields[0], None
+    return (fields[0], fields[1]) if len(fields) == 2 else None
 
 
-def write_start_file(path: str, epoch: float) -> None:
-    """Atomically (a reader never sees half a number)."""
+def write_clock(path: str, epoch: float, paused_at: float | None = None) -> None:
+    """Publish the training clock: running since ``epoch``, or standing at ``paused_at``.
+
+    Atomic (a reader never sees half a line)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
-        fh.write(f"{epoch!r}\n")
+        fh.write(f"{epoch!r}\n" if paused_at is None else f"{epoch!r} {paused_at!r}\n")
     os.replace(tmp, path)
 
 
@@ -64,6 +74,8 @@ class ProfileFollower:
         self.start_file = start_file
         # None until the clock starts (start_file): the first step holds meanwhile.
         self.epoch: float | None = time.time() if epoch is None and start_file is None else epoch
+        self.paused_at: float | None = None  # the training clock stands here (evaluation)
+        self.index = 0  # the profile step the links carry
         self.log = log
         self.on_change = on_change
         self.stop_event = threading.Event()
@@ -74,7 +86,9 @@ class ProfileFollower:
 
     def now(self) -> float:
         """Seconds on the profile's clock (0 until it starts)."""
-        return 0.0 if self.epoch is None else max(0.0, time.time() - self.epoch)
+        if self.epoch is None:
+            return 0.0
+        return self.paused_at if self.paused_at is not None else max(0.0, time.time() - self.epoch)
 
     def _emit(self, event: str, t: float, bps: float, **extra) -> None:
         self.applied.append((time.time(), bps))
@@ -90,8 +104,11 @@ class ProfileFollower:
         """Apply the rate in force now on every link (before any traffic flows)."""
         t = self.now()
         bps = self.profile.rate_at(t)
+        self.index = self.profile.index_at(t)
+        rates = {rate for _, rate in self.profile.points}
+        lowest = min(rates) if len(rates) > 1 else None
         for link in self.links:
-            link.setup(bps)
+            link.setup(bps, lowest)
         self._emit("shaped", t, bps)
 
     def _interrupted(self) -> bool:
@@ -105,45 +122,41 @@ class ProfileFollower:
         self._wake.clear()
         return self._interrupted()
 
-    def _await_start(self) -> bool:
-        """Hold the first step until the start file names the epoch; False if interrupted."""
-        while True:
-            epoch = read_start_file(self.start_file)
-            if epoch is not None:
-                self.epoch = epoch
-                # The first step is what the links carry now; follow() catches up if the file came late.
-                self._emit("clock", 0.0, self.profile.rate_at(0.0), epoch=epoch)
-                return True
-            if self._wait(START_POLL_S):
-                return False
+    def _read_clock(self) -> None:
+        """Take the trainer's clock from the start file (kept as it was while the file is absent)."""
+        clock = read_clock(self.start_file)
+        if clock is None:
+            return
+        started = self.epoch is None
+        self.epoch, self.paused_at = clock
+        if started:
+            # The first step is what the links carry now; the loop catches up if the file came late.
+            self._emit("clock", 0.0, self.profile.rate_at(0.0), epoch=self.epoch)
 
     def _apply(self, event: str, t: float) -> None:
         bps = self.profile.rate_at(t)
+        self.index = self.profile.index_at(t)
         for link in self.links:
             link.change(bps)
         self._emit(event, t, bps)
 
     def follow(self) -> None:
-        """Apply each change at its time until stop() (blocking)."""
+        """Apply each change when the clock reaches it, until stop() (blocking)."""
         while not self.stop_event.is_set():
             if self._rewind:
                 self._rewind = False
-                self.epoch = None
+                self.epoch = self.paused_at = None
                 self._apply("rewound", 0.0)
-            if self.epoch is None:
-                if not self._await_start():
-                    continue
-                if self.profile.index_at(self.now()) != 0:
-                    self._apply("rate", self.now())  # the file was read late: catch up
-            while not self._interrupted():
-                t = time.time() - self.epoch
-                nxt = self.profile.next_change(t)
-                if nxt is None:
-                    self._wait(None)
-                    break
-                if self._wait(nxt - t):
-                    break
-                self._apply("rate", nxt + 1e-6)
+            if self.start_file is not None:
+                self._read_clock()
+            t = self.now()
+            if self.profile.index_at(t) != self.index:
+                self._apply("rate", t)
+            nxt = self.profile.next_change(t)
+            wait = None if nxt is None else nxt - t + 1e-6
+            if self.start_file is not None:  # the trainer may pause or start the clock at any time
+                wait = CLOCK_POLL_S if wait is None else min(wait, CLOCK_POLL_S)
+            self._wait(wait)
 
     def rewind(self) -> None:
         """Back to the first step, waiting for the start file again (a gang restart).

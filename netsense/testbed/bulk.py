@@ -1,10 +1,20 @@
-"""A minimal TCP bulk transfer for measuring a shaped link (counted at the receiver).
+"""Minimal TCP transfers for measuring a shaped link (counted at the receiver).
 
     python -m netsense.testbed.bulk recv PORT SECONDS   # prints JSON: bytes per 0.1 s bin
     python -m netsense.testbed.bulk send HOST PORT SECONDS
+    python -m netsense.testbed.bulk recv-payloads PORT SIZE...           # prints JSON: completion times
+    python -m netsense.testbed.bulk send-payloads HOST PORT GAP SIZE...  # prints JSON: start times
 
-Counting at the sender would include socket buffers (~20% high at 10 Mbit), so
-the receiver reports; bins let tests see when a rate change took effect.
+Bulk: counting at the sender would include socket buffers (~20% high at 10
+Mbit), so the receiver reports; bins let tests see when a rate change took effect.
+
+Payloads: what a training step sends. After GAP seconds of idle link the sender
+writes one payload; the receiver notes the moment it holds all of it and answers
+one byte, which paces the next payload. Both sides read CLOCK_MONOTONIC, which
+network namespaces share, so ``done - start`` is the payload's time on the link
+as the receiver sees it, and ``size / (done - start)`` its apparent rate. A
+shaper whose bucket holds a burst lets a short payload through faster than the
+rate; this is how that shows.
 """
 
 from __future__ import annotations
@@ -17,10 +27,29 @@ import time
 BIN_S = 0.1
 
 
-def recv(port: int, seconds: float) -> dict:
+def _accept(port: int) -> tuple[socket.socket, socket.socket]:
     srv = socket.create_server(("0.0.0.0", port))
     srv.settimeout(30)
     conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return srv, conn
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def recv(port: int, seconds: float) -> dict:
+    srv, conn = _accept(port)
     conn.settimeout(max(5.0, seconds))
     start = time.monotonic()
     bins: list[int] = []
@@ -43,15 +72,7 @@ def recv(port: int, seconds: float) -> dict:
 
 
 def send(host: str, port: int, seconds: float) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    sock = _connect(host, port)
     chunk = b"\0" * (1 << 16)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -59,8 +80,47 @@ def send(host: str, port: int, seconds: float) -> None:
     sock.close()
 
 
+def recv_payloads(port: int, sizes: list[int]) -> dict:
+    srv, conn = _accept(port)
+    done = []
+    buf = bytearray(1 << 20)
+    for size in sizes:
+        got = 0
+        while got < size:
+            n = conn.recv_into(buf, min(len(buf), size - got))
+            if n == 0:
+                raise ConnectionError(f"sender closed after {got} of {size} bytes")
+            got += n
+        done.append(time.monotonic())
+        conn.sendall(b"k")
+    conn.close()
+    srv.close()
+    return {"sizes": sizes, "done": done}
+
+
+def send_payloads(host: str, port: int, gap_s: float, sizes: list[int]) -> dict:
+    sock = _connect(host, port)
+    started = []
+    for size in sizes:
+        time.sleep(gap_s)
+        payload = bytes(size)
+        started.append(time.monotonic())
+        sock.sendall(payload)
+        if sock.recv(1) != b"k":
+            raise ConnectionError("receiver went away")
+    sock.close()
+    return {"sizes": sizes, "started": started}
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "recv":
-        print(json.dumps(recv(int(sys.argv[2]), float(sys.argv[3]))))
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "recv":
+        print(json.dumps(recv(int(args[0]), float(args[1]))))
+    elif cmd == "send":
+        send(args[0], int(args[1]), float(args[2]))
+    elif cmd == "recv-payloads":
+        print(json.dumps(recv_payloads(int(args[0]), [int(s) for s in args[1:]])))
+    elif cmd == "send-payloads":
+        print(json.dumps(send_payloads(args[0], int(args[1]), float(args[2]), [int(s) for s in args[3:]])))
     else:
-        send(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+        raise SystemExit(f"unknown command {cmd!r}: recv, send, recv-payloads or send-payloads")

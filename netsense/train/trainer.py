@@ -2,8 +2,9 @@
 
 Configuration comes from the environment, exactly as a pod gets it:
 MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK (torch's env:// rendezvous),
-NETSENSE_JOB (the NetSenseJob as JSON), NETSENSE_PROFILE_EPOCH (unix time the
-bandwidth profile's clock started, for the link-rate column), NETSENSE_OUT
+NETSENSE_JOB (the NetSenseJob as JSON), NETSENSE_PROFILE_START_FILE (where this
+rank publishes its training clock for its shaper: the profile runs on the clock
+that time to accuracy is measured on, see netsense.shaping.shaper), NETSENSE_OUT
 (directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
 compact result, e.g. the pod's termination message) and NETSENSE_TIMEOUT
 (collective timeout in seconds: a dead peer ends the run, never a hang).
@@ -32,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from netsense import units
 from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
-from netsense.shaping.shaper import write_start_file
+from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, parse_spec
 from netsense.train.data import ShardedBatches, load_dataset
 from netsense.train.models import build_model
@@ -104,7 +105,7 @@ class Trainer:
     def link_rate_mbit(self) -> float | None:
         if self.profile is None or self.profile_epoch is None:
             return None
-        return self.profile.rate_at(time.time() - self.profile_epoch) / 1e6
+        return self.profile.rate_at(self.state.train_time) / 1e6
 
     def setup(self) -> None:
         timeout = float(os.environ.get("NETSENSE_TIMEOUT", "120"))
@@ -161,10 +162,8 @@ class Trainer:
     def _evaluate(self) -> None:
         if self.rank != 0:
             return
-        t0 = time.perf_counter()
         acc = evaluate(self.model.module, self.eval_x, self.eval_y, self.device)
         s = self.state
-        s.eval_seconds += time.perf_counter() - t0
         s.final_accuracy = acc
         s.best_accuracy = acc if s.best_accuracy is None else max(s.best_accuracy, acc)
         s.accuracies.append((s.step, s.train_time, acc))
@@ -188,9 +187,20 @@ class Trainer:
             dist.broadcast(now, 0)
         self.profile_epoch = float(now.item())
         if self.start_file:
-            write_start_file(self.start_file, self.profile_epoch)
+            write_clock(self.start_file, self.profile_epoch)
         if self.rank == 0:
             emit("clock", profile_epoch=self.profile_epoch)
+
+    def _stop_clock(self) -> None:
+        """Evaluation and the stop agreement are off the training clock: the profile stands still too."""
+        if self.start_file and self.profile_epoch is not None:
+            write_clock(self.start_file, self.profile_epoch, paused_at=self.state.train_time)
+
+    def _restart_clock(self) -> None:
+        if self.profile_epoch is not None:
+            self.profile_epoch = time.time() - self.state.train_time
+            if self.start_file:
+                write_clock(self.start_file, self.profile_epoch)
 
     # -- the loop ----------------------------------------------------------------------
     def train(self) -> dict:
@@ -205,6 +215,7 @@ class Trainer:
             batches = list(self.batches.epoch(s.epoch))
             for i, (x, y) in enumerate(batches):
                 t0 = time.perf_counter()
+                self.hook.start_step()  # the step's compute starts at the forward pass
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 loss = F.cross_entropy(self.model(x), y)
                 self.opt.zero_grad(set_to_none=False)
@@ -223,20 +234,23 @@ class Trainer:
                     link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
                     accuracy=None)
                 end_of_epoch = i == len(batches) - 1
-                if self._eval_due(s.step, end_of_epoch) or s.step == max_steps:
-                    self._evaluate()
+                eval_due = self._eval_due(s.step, end_of_epoch) or s.step == max_steps
+                sync_due = s.step < max_steps and (s.step % SYNC_EVERY == 0 or eval_due)
+                if eval_due or sync_due:
+                    # Evaluating and agreeing to stop are measuring, not training: off the training clock.
+                    t_off = time.perf_counter()
+                    self._stop_clock()
+                    if eval_due:
+                        self._evaluate()
+                    if sync_due:
+                        stop = self._agree_stop()
+                    s.eval_seconds += time.perf_counter() - t_off
+                    self._restart_clock()
                 if self.rank == 0 and time.perf_counter() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.perf_counter()
                     self._progress(max_steps, samples_per_step)
-                if s.step >= max_steps:
+                if stop or s.step >= max_steps:
                     break
-                if s.step % SYNC_EVERY == 0 or self._eval_due(s.step, end_of_epoch):
-                    # Agreeing to stop is part of the measuring, like evaluation: off the training clock.
-                    t_sync = time.perf_counter()
-                    stop = self._agree_stop()
-                    s.eval_seconds += time.perf_counter() - t_sync
-                    if stop:
-                        break
             s.epoch += 1
         self.hook.finish()
         if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
@@ -259,10 +273,10 @@ class Trainer:
         hist = self.hook.telemetry()
         wire = sum(h["wire_bytes"] for h in hist)
         comm = sum(h["comm_seconds"] for h in hist)
+        compressed = [h for h in hist if not h["warmup"]] or hist  # the dense warm-up is reported apart
         link = None
         if self.profile is not None and self.profile_epoch is not None:
-            t_end = time.time() - self.profile_epoch
-            link = self.profile.mean_rate(t_end - wall, t_end) / 1e6
+            link = self.profile.mean_rate(0.0, s.train_time) / 1e6
         return {
             "job": self.job.name,
             "method": self.job.compression["method"],
@@ -280,9 +294,13 @@ class Trainer:
             "target_accuracy": self.t.get("targetAccuracy"),
             "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
             "final_loss": round(s.last_loss, 5),
-            "mean_ratio": round(sum(h["density"] for h in hist) / len(hist), 6) if hist else 1.0,
+            "mean_ratio": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
+            "dense_warmup_steps": sum(1 for h in hist if h["warmup"]),
             "bytes_sent_per_worker": int(wire),
-            "wire_goodput_mbit": round(wire * 8 / comm / 1e6, 3) if comm > 0 else None,
+            # bytes on the wire over the training clock: never above the link for long
+            "wire_goodput_mbit": round(wire * 8 / s.train_time / 1e6, 3) if s.train_time > 0 else None,
+            # bytes over the time the collectives were busy: what the estimator samples
+            "collective_rate_mbit": round(wire * 8 / comm / 1e6, 3) if comm > 0 else None,
             "comm_seconds": round(comm, 3),
             "selection_ms_mean": round(1e3 * sum(h["selection_seconds"] for h in hist) / max(1, len(hist)), 3),
             "link_mean_rate_mbit": None if link is None else round(link, 3),
