@@ -58,7 +58,8 @@ def _dns(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
 
 
-def load_grid(path: str) -> tuple[str, list[Cell], dict]:
+def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
+    """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
     if not isinstance(grid, dict):
         raise SpecError([Issue(path, "a grid is a mapping with base, methods, profiles, seeds")])
@@ -68,6 +69,11 @@ def load_grid(path: str) -> tuple[str, list[Cell], dict]:
     seeds = grid.get("seeds", [0])
     if not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise SpecError([Issue("seeds", "must be a list of non-negative integers")])
+    if only_seeds is not None:
+        missing = sorted(set(only_seeds) - set(seeds))
+        if missing:
+            raise SpecError([Issue("--seeds", f"{missing} not among the grid's seeds {seeds}")])
+        seeds = [s for s in seeds if s in only_seeds]
     base = grid.get("base") or {}
     t = base.get("training", {})
     if "targetAccuracy" not in t or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):
@@ -313,8 +319,9 @@ def _previous(cell_dir: str) -> dict | None:
     return r if r.get("status") == "Succeeded" else None
 
 
-def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default") -> int:
-    name, cells, grid = load_grid(grid_path)
+def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
+              seeds: list[int] | None = None) -> int:
+    name, cells, grid = load_grid(grid_path, seeds)
     out_dir = out_dir or os.path.join("runs", f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(out_dir, exist_ok=True)
     results = []

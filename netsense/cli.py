@@ -18,7 +18,7 @@ import yaml
 
 from netsense.spec import SpecError, check_local, load_job
 from netsense.spec.job import inline_trace_file, read_yaml
-from netsense.spec.schema import Errors
+from netsense.spec.schema import Errors, Issue
 
 EPILOG = """examples:
   netsense validate samples/quick.yaml
@@ -130,7 +130,13 @@ def cmd_operator(args) -> int:
 def cmd_bench(args) -> int:
     from netsense.bench import run_bench
 
-    return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace)
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(x) for x in args.seeds.split(",")]
+        except ValueError:
+            raise SpecError([Issue("--seeds", f"{args.seeds!r} is not a comma-separated list of integers")]) from None
+    return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds)
 
 
 def cmd_testbed_clean(args) -> int:
@@ -176,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", action="store_true",
                    help="submit one NetSenseJob per cell to the current Kubernetes cluster instead")
     s.add_argument("--namespace", dest="k8s_namespace", default="default", help="namespace for --cluster")
+    s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
+                   "same --out reuses them)")
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",

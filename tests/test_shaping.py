@@ -15,6 +15,7 @@ import pytest
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.tc import NO_NETEM, gso_max_segs, qdiscs
 from netsense.testbed import cluster as cl
+from netsense.testbed.bulk import payload_rates
 from netsense.testbed.cluster import LocalCluster, kernel_has_netem, list_namespaces
 
 pytestmark = pytest.mark.root
@@ -47,22 +48,6 @@ def rate_between(out: dict, t0: float, t1: float) -> float:
     return sum(b) * 8 / (len(b) * out["bin_s"])
 
 
-def payloads_after_idle(c: LocalCluster, sizes: list[int], gap_s: float = 0.1, port: int = 5002) -> dict[int, float]:
-    """Each size's median apparent rate (bits/s), timed from the sender's write to the receiver holding it all."""
-    sizes = [s for s in sizes for _ in range(3)]
-    recv = c.spawn(1, [sys.executable, "-m", "netsense.testbed.bulk", "recv-payloads", str(port), *map(str, sizes)],
-                   stdout=subprocess.PIPE)
-    time.sleep(0.3)
-    send = c.spawn(0, [sys.executable, "-m", "netsense.testbed.bulk", "send-payloads", c.address(1), str(port),
-                       str(gap_s), *map(str, sizes)], stdout=subprocess.PIPE)
-    started = json.loads(send.communicate(timeout=120)[0])["started"]
-    done = json.loads(recv.communicate(timeout=30)[0])["done"]
-    rates: dict[int, list[float]] = {}
-    for size, t0, t1 in zip(sizes, started, done, strict=True):
-        rates.setdefault(size, []).append(size * 8 / (t1 - t0))
-    return {size: sorted(r)[len(r) // 2] for size, r in rates.items()}
-
-
 # (rate, smallest payload held to 0.85-1.15x): a short payload after an idle gap must not outrun the link.
 @pytest.mark.parametrize(("rate", "from_bytes"), [("10Mbit", 47_000), ("20Mbit", 47_000), ("50Mbit", 47_000),
                                                   ("200Mbit", 47_000), ("1000Mbit", 300_000)])
@@ -71,7 +56,7 @@ def test_a_payload_after_an_idle_gap_crosses_at_the_link_rate(rate, from_bytes):
     bps = profile.rate_at(0)
     sizes = [10_000, 47_000, 100_000, 300_000, 1_000_000] + ([4_000_000] if bps >= 50e6 else [])
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        got = payloads_after_idle(c, sizes)
+        got = payload_rates(c, sizes)
     ratios = {size: r / bps for size, r in got.items()}
     report = ", ".join(f"{size // 1000} kB {x:.2f}x" for size, x in ratios.items())
     if bps <= 200e6:

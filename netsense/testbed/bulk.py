@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import time
 
@@ -110,6 +111,22 @@ def send_payloads(host: str, port: int, gap_s: float, sizes: list[int]) -> dict:
             raise ConnectionError("receiver went away")
     sock.close()
     return {"sizes": sizes, "started": started}
+
+
+def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, port: int = 5002) -> dict[int, float]:
+    """Each size's median apparent rate (bits/s) from host 0 to host 1 of a LocalCluster, after gap_s idle."""
+    sizes = [s for s in sizes for _ in range(reps)]
+    me = [sys.executable, "-m", "netsense.testbed.bulk"]
+    recv = cluster.spawn(1, [*me, "recv-payloads", str(port), *map(str, sizes)], stdout=subprocess.PIPE)
+    time.sleep(0.3)
+    send = cluster.spawn(0, [*me, "send-payloads", cluster.address(1), str(port), str(gap_s), *map(str, sizes)],
+                         stdout=subprocess.PIPE)
+    started = json.loads(send.communicate(timeout=300)[0])["started"]
+    done = json.loads(recv.communicate(timeout=30)[0])["done"]
+    rates: dict[int, list[float]] = {}
+    for size, t0, t1 in zip(sizes, started, done, strict=True):
+        rates.setdefault(size, []).append(size * 8 / (t1 - t0))
+    return {size: sorted(r)[len(r) // 2] for size, r in rates.items()}
 
 
 if __name__ == "__main__":
