@@ -104,8 +104,8 @@ def test_resnet18_at_200mbit_the_shaping_binds(tmp_path):
     r = json.loads((out / "result.json").read_text())
     assert r["mean_ratio"] == pytest.approx(1.0)
     assert r["bytes_sent_per_worker"] >= 5 * 44e6  # ResNet18-CIFAR100: 11.2M fp32 gradients per step
-    assert r["wire_goodput_mbit"] <= 200 * 1.05, r
-    assert r["wire_goodput_mbit"] >= 200 * 0.7, r
+    assert r["wire_goodput_mbit"] <= 200 * 1.05, r  # bytes over the training clock: never above the link
+    assert 200 * 0.7 <= r["collective_rate_mbit"] <= 200 * 1.05, r  # bytes over the collectives' busy time
 
 
 @pytest.mark.root

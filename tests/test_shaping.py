@@ -74,7 +74,7 @@ def test_a_rate_change_in_place_keeps_the_bucket_sized_for_the_new_rate():
         assert "peakrate 22Mbit" in qdiscs("eth0", c.host_ns(0))
         time.sleep(0.45)
         fast = qdiscs("eth0", c.host_ns(0))
-        assert "rate 1Gbit" in fast and "peakrate" not in fast and "burst 31" in fast  # 250 us of the rate
+        assert "rate 1Gbit" in fast and "peakrate" not in fast and "burst 40000b" in fast  # 320 us of the rate
         time.sleep(0.4)
         assert "peakrate 22Mbit" in qdiscs("eth0", c.host_ns(0))
 
@@ -106,7 +106,7 @@ def test_a_scheduled_change_binds_within_half_a_second():
 
 def test_a_step_decline_is_followed_step_by_step():
     every = 1.5
-    profile = build_profile({"type": "steps", "from": "500Mbit", "to": "50Mbit", "by": "50Mbit",
+    profile = build_profile({"type": "steps", "from": "250Mbit", "to": "25Mbit", "by": "25Mbit",
                              "every": f"{every}s"})
     assert len(profile.points) == 10
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:

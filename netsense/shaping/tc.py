@@ -22,8 +22,9 @@ receiver after 100 ms idle (testbed.bulk's payload mode):
 - B is two MTUs (3028 bytes) up to ~200 Mbit: 47 kB-4 MB then cross at
   0.94-1.01x. At 1 Gbit two MTUs are too few: each refill is a timer wakeup,
   and at one per 24 us the link reached 0.2-0.7x. So B covers a wakeup interval
-  that grows with the rate, 250 us x R / 1 Gbit (31 kB at 1 Gbit: 0.9-1.1x from
-  47 kB; 62 kB there let 47-100 kB through at 1.4x).
+  that grows with the rate, 320 us x R / 1 Gbit (40 kB at 1 Gbit: 0.92-0.97x
+  from 300 kB, bulk 0.9-0.95x; 31 kB read 0.84-0.87x in bulk under load, 62 kB
+  let 47-100 kB through at 1.4x).
 - Below ~100 Mbit even two MTUs are 2-3 ms of the rate, and 10 kB crossed 10
   and 20 Mbit at 1.3x. A peak-rate bucket (1.1 R, one MTU) paces the burst:
   1.05-1.19x. Above 100 Mbit its per-packet timer costs more than it saves
@@ -94,7 +95,7 @@ GSO_SEGS_LIMIT = 65535  # the kernel's default
 def tbf_params(rate_bps: float) -> dict[str, int]:
     """Bucket, queue and peak rate sized from the rate (see the module docstring)."""
     bytes_per_s = rate_bps / 8
-    wakeup_s = 250e-6 * rate_bps / 1e9
+    wakeup_s = 320e-6 * rate_bps / 1e9
     return {
         "rate": max(8, int(rate_bps)),
         "burst": int(max(2 * MTU_FRAME, bytes_per_s * wakeup_s)),
