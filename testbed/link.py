@@ -18,6 +18,8 @@ from netsense.shaping.profiles import build_profile
 from netsense.testbed.bulk import payload_rates
 from netsense.testbed.cluster import LocalCluster
 
+TITLE = ("# Payload after idle: apparent rate at the receiver / configured rate (median of 3; after 100 ms idle)\n\n"
+         "Reproduce: `python testbed/link.py --out testbed/results/link.md` (root).")
 SIZES = [10_000, 47_000, 100_000, 300_000, 1_000_000, 4_000_000]
 
 
@@ -35,7 +37,7 @@ def main() -> None:
         print(lines[-1], flush=True)
     if args.out:
         with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+            fh.write(f"{TITLE}\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,11 @@ def main() -> int:
         print(json.dumps(changes[-1]), file=sys.stderr, flush=True)
     with open(os.path.join(args.out, "sensing.json"), "w") as fh:
         json.dump({"static": rows, "changes": changes}, fh, indent=1)
-    lines = ["| method | link (Mbit/s) | estimate, median of 2nd half | x link | goodput | collective rate "
+    lines = ["# Sensing: the estimated bottleneck bandwidth on static links, and after a drop and a rise", "",
+             f"Reproduce: `python testbed/sensing.py --out DIR` (root; {args.steps} steps per static run, digits MLP, "
+             "2 workers). Goodput = wire bytes / training clock; collective rate = wire bytes / the collectives' "
+             "busy time. Steps are counted from the first step that ran wholly at the new rate.", "",
+             "| method | link (Mbit/s) | estimate, median of 2nd half | x link | goodput | collective rate "
              "| mean density |", "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['method']} | {r['rate_mbit']:g} | {r['median_estimate_mbit']} | {r['ratio']} | "
               f"{r['goodput_mbit']} | {r['collective_rate_mbit']} | {r['mean_density']} |" for r in rows]

@@ -33,14 +33,14 @@ MBIT = 1e6 / 8  # bytes/s
 
 
 class SimulatedLink:
-    """busy = fixed + skew + bytes/rate: the skew (a rank launching late) is random, up to 2 ms."""
+    """busy = fixed + skew + bytes/rate: the skew (a rank launching late) is random, up to ``skew``."""
 
-    def __init__(self, mbit: float, fixed: float = 0.002, seed: int = 0):
-        self.rate, self.fixed = mbit * MBIT, fixed
+    def __init__(self, mbit: float, fixed: float = 0.002, seed: int = 0, skew: float = 0.002):
+        self.rate, self.fixed, self.skew = mbit * MBIT, fixed, skew
         self.rng = random.Random(seed)
 
     def busy(self, wire_bytes: float) -> float:
-        return self.fixed + self.rng.uniform(0, 0.002) + wire_bytes / self.rate
+        return self.fixed + self.rng.uniform(0, self.skew) + wire_bytes / self.rate
 
 
 def steady_estimate(e: LinkEstimator, link: SimulatedLink, payloads: list[float]) -> float:
@@ -283,3 +283,27 @@ def test_overlap_never_compresses_below_its_floor():
     high = OverlapController(n, world, probe_every=1000, min_density=0.01)
     high.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))
     assert high.decide().density == 0.01
+
+
+def test_overlap_finds_freed_capacity_within_10_steps():
+    """A 20 -> 200 Mbit rise, on a simulated link, with the controller sizing its own payloads and probes."""
+    n, world = 1_100_000, 2
+    c = OverlapController(n, world)
+    # 5-25 ms of fixed time per step, as two workers on two shared cores show here
+    slow, fast = SimulatedLink(20, fixed=0.005, skew=0.02), SimulatedLink(200, fixed=0.005, skew=0.02, seed=1)
+
+    def step(link: SimulatedLink) -> None:
+        d = c.decide()
+        wire = dense_allreduce_bytes(n, world, d.fp16) if d.dense else sparse_allgather_bytes(
+            math.ceil(d.density * n), world, d.fp16)
+        k = 0 if d.dense else d.density * n
+        c.update(StepMeasurement(wire, wire, link.busy(wire), 0.03, 1.0, 0.001 + k * 2e-9, k))
+
+    for _ in range(40):
+        step(slow)
+    assert c.sensor.bandwidth == pytest.approx(slow.rate, rel=0.25)
+    steps = 0
+    while c.sensor.bandwidth < 0.8 * fast.rate:
+        step(fast)
+        steps += 1
+        assert steps <= 10, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after 10 steps at 200"
