@@ -74,6 +74,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         if missing:
             raise SpecError([Issue("--seeds", f"{missing} not among the grid's seeds {seeds}")])
         seeds = [s for s in seeds if s in only_seeds]
+        grid = {**grid, "seeds": seeds}  # what the tables say was run
     base = grid.get("base") or {}
     t = base.get("training", {})
     if "targetAccuracy" not in t or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):

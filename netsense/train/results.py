@@ -84,6 +84,7 @@ def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
     if est:
         axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
     axes[2].set_ylabel("Mbit/s")
+    axes[2].set_ylim(bottom=0)  # an estimate reads against the link, not against its own wiggle
     if link or est:
         axes[2].legend(loc="upper right", fontsize=8)
     acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
