@@ -110,11 +110,6 @@ class LinkEstimator:
     def bdp(self) -> float:
         return self.bandwidth * self.rtt
 
-    def app_limited(self, wire_bytes: float) -> bool:
-        """Would this payload cross the estimated link in less than ``fill`` x the fixed time?"""
-        b = self.bandwidth
-        return b > 0 and wire_bytes / b < self.fill * self.fixed
-
     def observe(self, wire_bytes: float, busy_seconds: float) -> None:
         if wire_bytes <= 0 or busy_seconds <= 0:
             return
