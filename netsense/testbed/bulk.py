@@ -113,8 +113,11 @@ def send_payloads(host: str, port: int, gap_s: float, sizes: list[int]) -> dict:
     return {"sizes": sizes, "started": started}
 
 
-def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, port: int = 5002) -> dict[int, float]:
-    """Each size's median apparent rate (bits/s) from host 0 to host 1 of a LocalCluster, after gap_s idle."""
+def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, port: int = 5002,
+                  fastest: bool = False) -> dict[int, float]:
+    """Each size's apparent rate (bits/s) from host 0 to host 1 of a LocalCluster, after gap_s idle: the median of
+    reps, or with fastest the fastest rep. Scheduling noise on a busy machine only ever slows a payload, so the
+    fastest rep is the closest reading of the shaper, and the strictest test of a payload outrunning it."""
     sizes = [s for s in sizes for _ in range(reps)]
     me = [sys.executable, "-m", "netsense.testbed.bulk"]
     recv = cluster.spawn(1, [*me, "recv-payloads", str(port), *map(str, sizes)], stdout=subprocess.PIPE)
@@ -126,7 +129,7 @@ def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, 
     rates: dict[int, list[float]] = {}
     for size, t0, t1 in zip(sizes, started, done, strict=True):
         rates.setdefault(size, []).append(size * 8 / (t1 - t0))
-    return {size: sorted(r)[len(r) // 2] for size, r in rates.items()}
+    return {size: max(r) if fastest else sorted(r)[len(r) // 2] for size, r in rates.items()}
 
 
 if __name__ == "__main__":
