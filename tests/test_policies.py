@@ -231,6 +231,30 @@ def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
     assert c.decide().density == pytest.approx(high / math.sqrt(10), rel=0.1)
 
 
+def jittery_step(c: OverlapController, mbit: float, rng: random.Random) -> None:
+    """One step of c's decision over a link with 5-25 ms of fixed time (ranks launching milliseconds apart)."""
+    d = c.decide()
+    wire = (dense_allreduce_bytes(c.numel, c.world, d.fp16) if d.dense
+            else sparse_allgather_bytes(math.ceil(d.density * c.numel), c.world, True))
+    c.update(StepMeasurement(wire, wire, 0.005 + rng.uniform(0, 0.02) + wire / (mbit * MBIT), 0.05, 1.0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_overlap_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed_time_jitter(seed):
+    """Probes sized from the old estimate stay under the fixed time's noise; probes that double while they find
+    more do not."""
+    c, rng = OverlapController(1_100_000, 2), random.Random(seed)
+    for _ in range(60):
+        jittery_step(c, 20, rng)
+    assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
+    for _ in range(10):
+        jittery_step(c, 200, rng)
+        if c.sensor.bandwidth >= 0.8 * 200 * MBIT:
+            break
+    assert c.sensor.bandwidth >= 0.8 * 200 * MBIT, f"{c.sensor.bandwidth / MBIT:.0f} Mbit after 10 steps"
+    assert c.probe_scale <= 16, "probes kept growing after the rise was found"
+
+
 def test_overlap_picks_the_cheaper_collective():
     # 64 workers: a sparse all_gather costs (N-1) x k x 6 bytes, the ring allreduce ~4n
     # whatever N. At a 5% density floor, sparse would cost 5x the dense fp16 allreduce.
