@@ -47,6 +47,15 @@ def read_clock(path: str) -> tuple[float, float | None] | None:
     return (fields[0], fields[1]) if len(fields) == 2 else None
 
 
+def clock_now(path: str) -> float | None:
+    """Seconds on the training clock published at ``path`` (None before it starts)."""
+    clock = read_clock(path)
+    if clock is None:
+        return None
+    epoch, paused_at = clock
+    return paused_at if paused_at is not None else max(0.0, time.time() - epoch)
+
+
 def write_clock(path: str, epoch: float, paused_at: float | None = None) -> None:
     """Publish the training clock: running since ``epoch``, or standing at ``paused_at``.
 

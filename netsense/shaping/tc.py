@@ -163,7 +163,7 @@ class TcLink:
             self._gso_max_segs = gso_max_segs(dev, self.netns)
         segs = self._gso_max_segs or GSO_SEGS_LIMIT  # a link whose rate stays keeps its bucket: nothing outgrows it
         if lowest_bps is not None:
-            segs = max(1, tbf_params(min(rate_bps, lowest_bps))["burst"] // MTU_FRAME - 1)
+            segs = gso_segs_below(min(rate_bps, lowest_bps))
         run_tc(["ip", "link", "set", "dev", dev, "gso_max_segs", str(segs)], self.netns)
         self._tc("qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps))
         if self.impairments.any:
@@ -189,6 +189,17 @@ class TcLink:
             self._tc("qdisc", "del", "dev", self.dev, "ingress", check=False)
             run_tc(["ip", "link", "del", self.ifb], self.netns, check=False)
         self._applied = False
+
+
+def gso_segs_below(lowest_bps: float) -> int:
+    """The most segments a GSO packet may carry to fit the bucket at the lowest rate (module docstring)."""
+    return max(1, tbf_params(lowest_bps)["burst"] // MTU_FRAME - 1)
+
+
+def cap_gso(dev: str, netns: str | None, lowest_bps: float) -> None:
+    """Cap the GSO packets a sender builds so that they fit a bucket shaped further on (a shared link whose
+    rate changes; the sender's device is not itself shaped, and goes away with its namespace)."""
+    run_tc(["ip", "link", "set", "dev", dev, "gso_max_segs", str(gso_segs_below(lowest_bps))], netns)
 
 
 def gso_max_segs(dev: str, netns: str | None = None) -> int | None:

@@ -28,6 +28,7 @@ from netsense.spec.schema import (
     Str,
     Union,
     Unit,
+    _join,
 )
 
 GROUP = "netsense.dev"
@@ -189,11 +190,42 @@ COMPRESSION = Obj({
                          doc="overlap: payload gain while probing"), default=2.0),
 }, checks=[_check_compression])
 
+def _cross_flow(**extra: F) -> Obj:
+    return Obj({
+        "flows": F(Int(min=1, max=16, doc="parallel TCP connections"), default=1),
+        "start": F(Unit("duration", doc="on the training clock"), default="0s"),
+        "stop": F(Unit("duration", doc="on the training clock (default: the end of the run)")),
+        **extra,
+    })
+
+
+CROSS_TRAFFIC = Union("type", {
+    "bulk": _cross_flow(),
+    "onoff": _cross_flow(onFor=F(Unit("duration", doc="time sending per cycle"), required=True),
+                         offFor=F(Unit("duration", doc="time idle per cycle"), required=True)),
+}, doc="background TCP flows from rack A to rack B of the shared topology (local testbed), competing "
+       "with the training traffic at the shared link: bulk (always on) or onoff (on/off cycles)",
+   what="cross-traffic flow")
+
+
+def _check_network(n: dict, path: str, errors: Errors) -> None:
+    if n.get("crossTraffic") and n["topology"] != "shared":
+        errors.add(_join(path, "crossTraffic"), "needs topology: shared (cross traffic competes at the shared link)")
+
+
 NETWORK = Obj({
     "profile": F(PROFILE),
-    "direction": F(Str(enum=("egress", "both")), default="egress"),
+    "topology": F(Str(enum=("per-host", "shared"),
+                      doc="per-host: the profile shapes each worker's own link; shared (local testbed): "
+                          "workers on two racks joined by one link that the profile shapes, which every "
+                          "ring hop crosses"), default="per-host"),
+    "crossTraffic": F(ListOf(CROSS_TRAFFIC, doc="background flows at the shared link (topology: shared)")),
+    "direction": F(Str(enum=("egress", "both"), doc="per-host: shape each host's uplink, or both ways"),
+                   default="egress"),
     "interface": F(Str(doc="interface the sidecar shapes"), default="eth0"),
-})
+}, checks=[_check_network], cel=[
+    {"rule": "!has(self.crossTraffic) || size(self.crossTraffic) == 0 || self.topology == 'shared'",
+     "message": "crossTraffic needs topology: shared"}])
 
 RUN_POLICY = Obj({
     "backoffLimit": F(Int(min=0), default=2),

@@ -247,7 +247,10 @@ class Obj(Node):
         out: dict = {}
         before = len(errors)
         for key in value:
-            if key not in self.fields:
+            if isinstance(key, bool):  # YAML 1.1 reads unquoted on/off/yes/no keys as booleans
+                errors.add(path, f"a key read as the boolean {key} (YAML takes unquoted on/off/yes/no for "
+                                 f"booleans); known fields: {', '.join(self.fields)}")
+            elif key not in self.fields:
                 errors.add(_join(path, key), f"unknown field (known: {', '.join(self.fields)})")
         for name, f in self.fields.items():
             sub = _join(path, name)
@@ -289,6 +292,7 @@ class Union(Node):
     key: str = "type"
     variants: dict[str, Obj] = field(default_factory=dict)
     doc: str = ""
+    what: str = "profile"  # what the variants are, for CEL messages
 
     def parse(self, value, path, errors):
         if not isinstance(value, dict):
@@ -310,7 +314,7 @@ class Union(Node):
                 props.setdefault(name, f.node.openapi())
                 if f.required:
                     cel.append({"rule": f"self.{self.key} != '{kind}' || has(self.{name})",
-                                "message": f"a {kind} profile needs {name}"})
+                                "message": f"a {kind} {self.what} needs {name}"})
             cel += [{**c, "rule": f"self.{self.key} != '{kind}' || ({c['rule']})"} for c in variant.cel]
         s: dict = {"type": "object", "required": [self.key], "properties": props}
         if cel:

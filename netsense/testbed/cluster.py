@@ -1,19 +1,34 @@
-"""The local emulated cluster: N hosts as N network namespaces behind one bridge.
+"""The local emulated cluster: N hosts as N network namespaces behind a switch.
 
-Topology of one cluster (id = 6 random hex digits, so runs can coexist)::
+Topology ``per-host`` (the default; id = 6 random hex digits, so runs can coexist)::
 
-    nsense-<id>-h0  eth0 10.200.0.1/24 --veth-- h0 ┐
-    nsense-<id>-h1  eth0 10.200.0.2/24 --veth-- h1 ┼ br0   (in nsense-<id>-br)
+    nsense-<id>-h0  eth0 10.200.0.1/16 --veth-- h0 ┐
+    nsense-<id>-h1  eth0 10.200.0.2/16 --veth-- h1 ┼ br0   (in nsense-<id>-br)
     ...                                            ┘
 
+Each host's uplink (its eth0 egress) is shaped by the profile; with direction
+"both" the bridge-side end of its veth is shaped too, which shapes the host's
+downlink without an ifb device.
+
+Topology ``shared``: two racks (bridges) joined by one link, the bottleneck
+that every flow between racks shares, as a switch's uplink is::
+
+    h0, h2, ... ┐                                     ┌ h1, h3, ...
+    x0 (cross)  ┼ rackA ── up0 ══ shaped ══ up1 ── rackB ┼ x1 (cross)
+                ┘          (all in nsense-<id>-br)     └
+
+Even ranks sit on rack A and odd ranks on rack B, so every hop of a ring
+(rank r to r+1) crosses the shared link. Its two directions are shaped by the
+profile (up0's egress carries A -> B, up1's B -> A); the hosts' own links are
+not shaped. With cross traffic, host x0 (10.200.1.1) on rack A sends to x1
+(10.200.1.2) on rack B, in the direction of the ring's even -> odd hops.
+
 The addresses exist only inside these namespaces; nothing is routed to or from
-the machine's own network. Each host's uplink (its eth0 egress) is shaped by the
-profile; with direction "both" the bridge-side end of its veth is shaped too,
-which shapes the host's downlink without an ifb device.
+the machine's own network.
 
 Cleanup is guaranteed on normal exit, exceptions, SIGINT and SIGTERM (the CLI
 turns SIGTERM into an exception): processes are killed by process group, then
-the namespaces are deleted, which removes their veths, bridge and qdiscs. A
+the namespaces are deleted, which removes their veths, bridges and qdiscs. A
 state file under /run/netsense records the owner's pid, so ``netsense testbed
 clean`` can remove what a SIGKILLed run left behind.
 """
@@ -32,10 +47,12 @@ from typing import IO, TextIO
 
 from netsense.shaping.profiles import Profile
 from netsense.shaping.shaper import ProfileFollower
-from netsense.shaping.tc import NO_NETEM, TcLink
+from netsense.shaping.tc import NO_NETEM, TcLink, cap_gso
 
 PREFIX = "nsense-"
-SUBNET = "10.200.0"
+SUBNET = "10.200.0"  # workers; /16, so the cross-traffic hosts (10.200.1.x) share the segment
+CROSS_SUBNET = "10.200.1"
+TOPOLOGIES = ("per-host", "shared")
 STATE_DIR = os.environ.get("NETSENSE_STATE_DIR", "/run/netsense")
 
 
@@ -79,14 +96,22 @@ def preflight(profile: Profile | None) -> None:
 
 class LocalCluster:
     def __init__(self, hosts: int, profile: Profile | None = None, direction: str = "egress",
-                 shaping_log: TextIO | None = None, start_file: str | None = None):
+                 shaping_log: TextIO | None = None, start_file: str | None = None,
+                 topology: str = "per-host", cross_hosts: bool = False):
         """``start_file``: the profile's clock starts when a unix time appears there
-        (the trainers write it at their first step); else when the cluster is up."""
+        (the trainers write it at their first step); else when the cluster is up.
+        ``cross_hosts``: add x0 and x1 for cross traffic (shared topology)."""
         if hosts < 1 or hosts > 250:
             raise TestbedError(f"hosts must be between 1 and 250 (got {hosts})")
+        if topology not in TOPOLOGIES:
+            raise TestbedError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {topology!r})")
+        if cross_hosts and topology != "shared":
+            raise TestbedError("cross traffic needs the shared topology (it competes at the shared link)")
         self.hosts = hosts
         self.profile = profile
         self.direction = direction
+        self.topology = topology
+        self.cross_hosts = 2 if cross_hosts else 0
         self.id = secrets.token_hex(3)
         self.shaping_log = shaping_log
         self.start_file = start_file
@@ -102,13 +127,37 @@ class LocalCluster:
     def host_ns(self, i: int) -> str:
         return f"{PREFIX}{self.id}-h{i}"
 
+    def cross_ns(self, j: int) -> str:
+        return f"{PREFIX}{self.id}-x{j}"
+
     @staticmethod
     def address(i: int) -> str:
         return f"{SUBNET}.{i + 1}"
 
+    @staticmethod
+    def cross_address(j: int) -> str:
+        return f"{CROSS_SUBNET}.{j + 1}"
+
     @property
     def namespaces(self) -> list[str]:
-        return [self.bridge_ns, *(self.host_ns(i) for i in range(self.hosts))]
+        return [self.bridge_ns, *(self.host_ns(i) for i in range(self.hosts)),
+                *(self.cross_ns(j) for j in range(self.cross_hosts))]
+
+    def rack(self, i: int) -> str:
+        """The bridge host i hangs off: br0, or on the shared topology br0 (even) / br1 (odd)."""
+        return f"br{i % 2}" if self.topology == "shared" else "br0"
+
+    @property
+    def shaped(self) -> list[tuple[str, str]]:
+        """(namespace, device) of every shaped link, for the queue samplers."""
+        if self.profile is None:
+            return []
+        if self.topology == "shared":
+            return [(self.bridge_ns, "up0"), (self.bridge_ns, "up1")]
+        links = [(self.host_ns(i), "eth0") for i in range(self.hosts)]
+        if self.direction == "both":
+            links += [(self.bridge_ns, f"h{i}") for i in range(self.hosts)]
+        return links
 
     @property
     def state_file(self) -> str:
@@ -138,25 +187,40 @@ class LocalCluster:
             json.dump({"pid": os.getpid(), "namespaces": self.namespaces, "created": time.time()}, fh)
         br = self.bridge_ns
         self._add_ns(br)
-        _ip("-n", br, "link", "add", "br0", "type", "bridge")
-        _ip("-n", br, "link", "set", "br0", "up")
-        links: list[TcLink] = []
+        for bridge in ("br0", "br1") if self.topology == "shared" else ("br0",):
+            _ip("-n", br, "link", "add", bridge, "type", "bridge")
+            _ip("-n", br, "link", "set", bridge, "up")
         for i in range(self.hosts):
-            h = self.host_ns(i)
-            self._add_ns(h)
-            # Create the pair straight inside both namespaces: no name ever exists in
-            # the machine's own namespace, so concurrent runs cannot clash.
-            _ip("link", "add", "eth0", "netns", h, "type", "veth", "peer", "name", f"h{i}", "netns", br)
-            _ip("-n", h, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-            _ip("-n", h, "link", "set", "eth0", "up")
-            _ip("-n", br, "link", "set", f"h{i}", "master", "br0", "up")
-            imp = self.profile.impairments if self.profile else None
-            links.append(TcLink("eth0", netns=h, **({"impairments": imp} if imp else {})))
-            if self.direction == "both":
-                links.append(TcLink(f"h{i}", netns=br))
-        if self.profile is not None:
-            self.follower = ProfileFollower(self.profile, links, log=self.shaping_log,
-                                            start_file=self.start_file).start()
+            self._add_host(self.host_ns(i), f"h{i}", self.address(i), self.rack(i))
+        for j in range(self.cross_hosts):
+            self._add_host(self.cross_ns(j), f"x{j}", self.cross_address(j), f"br{j}")
+        if self.topology == "shared":
+            _ip("-n", br, "link", "add", "up0", "type", "veth", "peer", "name", "up1")
+            _ip("-n", br, "link", "set", "up0", "master", "br0", "up")
+            _ip("-n", br, "link", "set", "up1", "master", "br1", "up")
+        if self.profile is None:
+            return
+        imp = self.profile.impairments
+        # Delay and loss once per direction of a path: not again on a host's downlink (direction both).
+        once = [(ns, dev) for ns, dev in self.shaped if self.topology == "shared" or ns != br]
+        links = [TcLink(dev, netns=ns, **({"impairments": imp} if imp.any and (ns, dev) in once else {}))
+                 for ns, dev in self.shaped]
+        if self.topology == "shared":
+            rates = {rate for _, rate in self.profile.points}
+            if len(rates) > 1:  # the senders' GSO packets must fit the smallest bucket (netsense.shaping.tc)
+                for ns in self.namespaces[1:]:
+                    cap_gso("eth0", ns, min(rates))
+        self.follower = ProfileFollower(self.profile, links, log=self.shaping_log,
+                                        start_file=self.start_file).start()
+
+    def _add_host(self, ns: str, port: str, address: str, bridge: str) -> None:
+        self._add_ns(ns)
+        # Create the pair straight inside both namespaces: no name ever exists in
+        # the machine's own namespace, so concurrent runs cannot clash.
+        _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", self.bridge_ns)
+        _ip("-n", ns, "addr", "add", f"{address}/16", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", self.bridge_ns, "link", "set", port, "master", bridge, "up")
 
     @property
     def epoch(self) -> float | None:
@@ -166,7 +230,14 @@ class LocalCluster:
     def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
               stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:
         """Start a process in host i, in a process group of its own (so it can be killed whole)."""
-        proc = subprocess.Popen(["ip", "netns", "exec", self.host_ns(i), *argv], env=env,
+        return self.spawn_in(self.host_ns(i), argv, env, stdout, stderr)
+
+    def spawn_in(self, ns: str, argv: Sequence[str], env: dict[str, str] | None = None,
+                 stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:
+        """Start a process in one of this cluster's namespaces (killed with the cluster)."""
+        if ns not in self.namespaces:
+            raise ValueError(f"{ns} is not a namespace of this cluster")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=env,
                                 stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         self.processes.append(proc)

@@ -20,6 +20,7 @@ from typing import TextIO
 
 from netsense.shaping.profiles import build_profile
 from netsense.spec import Job
+from netsense.testbed.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.testbed.cluster import LocalCluster
 from netsense.train.results import plot
 
@@ -109,7 +110,7 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
     if cluster.start_file:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(cluster.start_file)
-        if attempt > 0:
+        if attempt > 0 and cluster.follower:
             cluster.follower.rewind()  # the new gang's clock starts at its own first step
     for rank in range(job.workers):
         err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
@@ -160,13 +161,20 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     deadline = time.monotonic() + policy["activeDeadlineSeconds"] if "activeDeadlineSeconds" in policy else None
     # The profile's clock starts at the first training step, not when the cluster is up:
     # start-up takes seconds and would otherwise shift every run's view of the profile.
-    start_file = os.path.join(out_dir, "profile-start") if profile is not None else None
+    # The trainer publishes its training clock there; the queue samplers and cross traffic follow it too.
+    start_file = os.path.join(out_dir, "profile-start")
+    net = job.network
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(start_file)
     with open(os.path.join(out_dir, "shaping.jsonl"), "w") as shaping_log, \
-            LocalCluster(job.workers, profile, job.network["direction"], shaping_log=shaping_log,
-                         start_file=start_file) as cluster:
+            LocalCluster(job.workers, profile, net["direction"], shaping_log=shaping_log, start_file=start_file,
+                         topology=net["topology"], cross_hosts=bool(net.get("crossTraffic"))) as cluster:
         progress.message(f"netsense: {job.name}: {job.workers} workers in namespaces {cluster.bridge_ns[:-2]}*, "
-                         f"method {job.compression['method']}, "
-                         f"profile {job.network.get('profile', {}).get('type', 'unshaped')}; output in {out_dir}")
+                         f"method {job.compression['method']}, topology {net['topology']}, "
+                         f"profile {net.get('profile', {}).get('type', 'unshaped')}"
+                         f"{', cross traffic' if net.get('crossTraffic') else ''}; output in {out_dir}")
+        observers = Observers(cluster, net.get("crossTraffic"), out_dir, start_file)
+        observers.start()
         for attempt in range(policy["backoffLimit"] + 1):
             outcome = run_gang(cluster, job, out_dir, progress, attempt, deadline)
             if outcome.ok:
@@ -180,8 +188,14 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     progress.message("")
     with open(os.path.join(out_dir, "result.json")) as fh:
         result = json.load(fh)
+    bottleneck = summarize(out_dir, observers.flows)
+    if bottleneck["links"] or observers.flows:
+        result["bottleneck"] = bottleneck
+        with open(os.path.join(out_dir, "result.json"), "w") as fh:
+            json.dump(result, fh, indent=2)
     png = plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
-               f"{job.name}: {job.compression['method']}, {job.workers} workers")
+               f"{job.name}: {job.compression['method']}, {job.workers} workers",
+               queue=queue_samples(out_dir), cross=cross_samples(out_dir))
     if png:
         result["plot"] = png
     return result

@@ -58,8 +58,10 @@ def compact(result: dict, limit: int = 4000) -> str:
     return json.dumps(keep, separators=(",", ":"), sort_keys=True)[:limit]
 
 
-def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
-    """samples/s, density, link rate (and estimate) and accuracy over time."""
+def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | None = None,
+         cross: list[dict] | None = None) -> str | None:
+    """samples/s, density, link rate (and estimate, and cross traffic) and accuracy over time; with ``queue``
+    (queue.csv's rows) the queueing delay of each shaped link too."""
     try:
         import matplotlib
 
@@ -71,7 +73,8 @@ def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
     if not rows:
         return None
     t = [r["time"] for r in rows]
-    fig, axes = plt.subplots(4, 1, figsize=(8, 9), sharex=True)
+    panels = 5 if queue else 4
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.25 * panels), sharex=True)
     axes[0].plot(t, [r["samples_per_s"] for r in rows], lw=0.8)
     axes[0].set_ylabel("samples/s")
     axes[1].plot(t, [r["ratio"] for r in rows], lw=0.8, color="tab:orange")
@@ -83,15 +86,33 @@ def plot(timeline_csv: str, png_path: str, title: str = "") -> str | None:
     est = [(r["time"], r["est_btlbw_mbit"]) for r in rows if r["est_btlbw_mbit"]]
     if est:
         axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
+    if queue or cross:  # who got the bandwidth: the training's own wire rate beside the cross traffic
+        wire = [(b["time"], b["bytes"] * 8 / (b["time"] - a["time"]) / 1e6) for a, b in zip(rows, rows[1:])
+                if b["bytes"] is not None and b["time"] > a["time"]]
+        if wire:
+            axes[2].plot(*zip(*wire, strict=True), lw=0.6, label="training (wire bytes / step)", color="tab:blue")
+    if cross:
+        total: dict[float, float] = {}
+        for r in cross:
+            total[float(r["t"])] = total.get(float(r["t"]), 0.0) + float(r["mbit"])
+        axes[2].plot(*zip(*sorted(total.items()), strict=True), lw=0.8, label="cross traffic", color="tab:purple")
     axes[2].set_ylabel("Mbit/s")
     axes[2].set_ylim(bottom=0)  # an estimate reads against the link, not against its own wiggle
-    if link or est:
+    if link or est or queue or cross:
         axes[2].legend(loc="upper right", fontsize=8)
     acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
     if acc:
         axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red")
     axes[3].set_ylabel("accuracy")
-    axes[3].set_xlabel("training time (s)")
+    if queue:
+        for dev in sorted({r["dev"] for r in queue}):
+            pts = [(float(r["t"]), float(r["queue_delay_ms"])) for r in queue
+                   if r["dev"] == dev and r["queue_delay_ms"]]
+            if pts:
+                axes[4].plot(*zip(*pts, strict=True), lw=0.6, label=dev)
+        axes[4].set_ylabel("queueing delay (ms)")
+        axes[4].legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("training time (s)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png_path, dpi=90)

@@ -1,0 +1,183 @@
+"""The shaper's queue, made visible: backlog, drops and queueing delay of a root qdisc.
+
+Read over rtnetlink (RTM_GETQDISC), the numbers ``tc -s qdisc show`` prints, at
+~100 samples a second: a fork of ``tc`` per sample would cost more CPU than the
+two cores here can spare beside a training job. The socket belongs to the
+network namespace of the process that opens it, so the sampler runs inside the
+namespace whose device it reads (``ip netns exec`` on the testbed; the shaping
+sidecar's own pod namespace on a cluster).
+
+    python -m netsense.shaping.queue --dev eth0 [--dev up1] [--clock FILE] [--every 0.01] --out queue.csv
+
+Each row: the training clock (``--clock``: the file the trainer publishes, see
+netsense.shaping.shaper; empty before the clock starts), the device, the
+backlog in bytes and packets, the queueing delay it means at the current rate
+(backlog / rate: the time the last byte in the queue waits), cumulative drops
+and bytes sent. A row is written when the backlog or the counters changed, and
+once a second otherwise, so an idle link costs little disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+from netsense.shaping.shaper import clock_now
+
+RTM_GETQDISC = 38
+RTM_NEWQDISC = 36
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+TC_H_ROOT = 0xFFFFFFFF
+TCA_KIND, TCA_OPTIONS, TCA_STATS2 = 1, 2, 7
+TCA_STATS_BASIC, TCA_STATS_QUEUE = 1, 3
+TCA_TBF_PARMS, TCA_TBF_RATE64 = 1, 4
+HEADER = struct.Struct("=IHHII")  # nlmsghdr
+TCMSG = struct.Struct("=BxxxiIII")  # tcmsg: family, ifindex, handle, parent, info
+FIELDS = ["t", "dev", "backlog_bytes", "backlog_packets", "queue_delay_ms", "drops", "sent_bytes", "rate_mbit"]
+
+
+@dataclass(frozen=True)
+class QdiscStats:
+    kind: str
+    sent_bytes: int
+    backlog_bytes: int
+    backlog_packets: int
+    drops: int
+    rate_bps: float | None  # a TBF's rate; None for other qdiscs
+
+    @property
+    def queue_delay_s(self) -> float | None:
+        return self.backlog_bytes * 8 / self.rate_bps if self.rate_bps else None
+
+
+def _attrs(data: bytes) -> dict[int, bytes]:
+    """rtattrs (len u16, type u16, payload, 4-byte aligned) by type (nested flag masked off)."""
+    out, i = {}, 0
+    while i + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, i)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = data[i + 4:i + length]
+        i += (length + 3) & ~3
+    return out
+
+
+def _parse(payload: bytes) -> tuple[int, int, QdiscStats] | None:
+    """(ifindex, parent, stats) of one RTM_NEWQDISC message."""
+    _, ifindex, _, parent, _ = TCMSG.unpack_from(payload)
+    attrs = _attrs(payload[TCMSG.size:])
+    if TCA_STATS2 not in attrs:
+        return None
+    kind = attrs.get(TCA_KIND, b"").rstrip(b"\0").decode()
+    stats = _attrs(attrs[TCA_STATS2])
+    sent = struct.unpack_from("=Q", stats[TCA_STATS_BASIC])[0] if TCA_STATS_BASIC in stats else 0
+    qlen = backlog = drops = 0
+    if TCA_STATS_QUEUE in stats:
+        qlen, backlog, drops, _, _ = struct.unpack_from("=IIIII", stats[TCA_STATS_QUEUE])
+    rate = None
+    if kind == "tbf" and TCA_OPTIONS in attrs:
+        opts = _attrs(attrs[TCA_OPTIONS])
+        if TCA_TBF_RATE64 in opts:
+            rate = struct.unpack_from("=Q", opts[TCA_TBF_RATE64])[0] * 8.0
+        elif TCA_TBF_PARMS in opts:
+            rate = struct.unpack_from("=I", opts[TCA_TBF_PARMS], 8)[0] * 8.0  # tc_ratespec.rate, bytes/s
+    return ifindex, parent, QdiscStats(kind, sent, backlog, qlen, drops, rate)
+
+
+class QdiscReader:
+    """Root qdisc statistics of devices in this process's network namespace."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def roots(self) -> dict[int, QdiscStats]:
+        """ifindex -> its root qdisc's statistics (one dump of every qdisc)."""
+        self.seq += 1
+        body = TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+        self.sock.send(HEADER.pack(HEADER.size + len(body), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, self.seq, 0)
+                       + body)
+        out: dict[int, QdiscStats] = {}
+        while True:
+            data = self.sock.recv(1 << 16)
+            i = 0
+            while i + HEADER.size <= len(data):
+                length, kind, _, seq, _ = HEADER.unpack_from(data, i)
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    errno = -struct.unpack_from("=i", data, i + HEADER.size)[0]
+                    raise OSError(errno, f"RTM_GETQDISC: {os.strerror(errno)}")
+                if kind == RTM_NEWQDISC and seq == self.seq:
+                    parsed = _parse(data[i + HEADER.size:i + length])
+                    if parsed and parsed[1] == TC_H_ROOT:
+                        out[parsed[0]] = parsed[2]
+                i += (length + 3) & ~3
+
+    def read(self, dev: str) -> QdiscStats | None:
+        return self.roots().get(socket.if_nametoindex(dev))
+
+
+def sample(devs: list[str], out: str, clock: str | None, every_s: float, stop: list[bool]) -> None:
+    """Write rows (FIELDS) to ``out`` until stop[0] is set; see the module docstring."""
+    reader = QdiscReader()
+    index = {dev: socket.if_nametoindex(dev) for dev in devs}
+    last: dict[str, tuple] = {}
+    written: dict[str, float] = {}
+    with open(out, "w", buffering=1) as fh:
+        fh.write(",".join(FIELDS) + "\n")
+        while not stop[0]:
+            roots = reader.roots()
+            t = clock_now(clock) if clock else None
+            now = time.monotonic()
+            for dev in devs:
+                s = roots.get(index[dev])
+                if s is None:
+                    continue
+                state = (s.backlog_bytes, s.drops, s.sent_bytes, s.rate_bps)
+                if state == last.get(dev) and now - written.get(dev, 0.0) < 1.0:
+                    continue
+                last[dev], written[dev] = state, now
+                delay = s.queue_delay_s
+                fh.write(f"{'' if t is None else round(t, 4)},{dev},{s.backlog_bytes},{s.backlog_packets},"
+                         f"{'' if delay is None else round(delay * 1e3, 3)},{s.drops},{s.sent_bytes},"
+                         f"{'' if s.rate_bps is None else round(s.rate_bps / 1e6, 3)}\n")
+            time.sleep(every_s)
+    reader.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dev", action="append", required=True, help="a device whose root qdisc to sample (repeat)")
+    ap.add_argument("--clock", help="the training clock file (rows carry its time)")
+    ap.add_argument("--every", type=float, default=0.01, help="seconds between samples (default 0.01)")
+    ap.add_argument("--out", required=True, help="CSV to write")
+    args = ap.parse_args(argv)
+    stop = [False]
+
+    def finish(*_) -> None:
+        stop[0] = True
+
+    signal.signal(signal.SIGTERM, finish)
+    signal.signal(signal.SIGINT, finish)
+    try:
+        sample(args.dev, args.out, args.clock, args.every, stop)
+    except OSError as e:
+        print(f"netsense queue sampler: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""What happened at the bottleneck of a local run: its queue and the cross traffic.
+
+``Observers`` starts, beside the workers, a queue sampler in the namespace of
+every shaped link (netsense.shaping.queue: backlog, queueing delay and drops
+every 10 ms into queue.csv) and the cross traffic (netsense.testbed.cross:
+each flow's goodput into cross_traffic.csv). Both run on the training clock
+and die with the cluster. After the run, ``summarize`` adds to each step of
+timeline.csv the worst queueing delay and the drops during it and the cross
+traffic's rate, and to result.json a ``bottleneck`` summary: queueing delay
+percentiles (over samples while training ran) and drops, per link; each cross
+flow's mean goodput while it was on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict
+
+from netsense.testbed.cluster import LocalCluster
+from netsense.testbed.cross import BIN_S, Flow, flows_from_spec
+
+CROSS_PORT = 5201
+STEP_FIELDS = ["queue_delay_max_ms", "drops", "cross_mbit"]
+
+
+class Observers:
+    def __init__(self, cluster: LocalCluster, cross_traffic: list[dict] | None, out_dir: str, clock: str):
+        self.cluster, self.out_dir, self.clock = cluster, out_dir, clock
+        self.flows = flows_from_spec(cross_traffic or [])
+
+    def start(self) -> None:
+        me = sys.executable
+        by_ns: dict[str, list[str]] = {}
+        for ns, dev in self.cluster.shaped:
+            by_ns.setdefault(ns, []).append(dev)
+        for k, (ns, devs) in enumerate(by_ns.items()):
+            out = os.path.join(self.out_dir, "queue.csv" if len(by_ns) == 1 else f"queue-{k}.csv")
+            argv = [me, "-m", "netsense.shaping.queue", "--clock", self.clock, "--out", out]
+            self.cluster.spawn_in(ns, argv + [a for d in devs for a in ("--dev", d)], stderr=subprocess.DEVNULL)
+        if self.flows:
+            c = self.cluster
+            c.spawn_in(c.cross_ns(1), [me, "-m", "netsense.testbed.cross", "recv", str(CROSS_PORT), self.clock,
+                                       os.path.join(self.out_dir, "cross_traffic.csv")])
+            flows = json.dumps([asdict(f) for f in self.flows])
+            c.spawn_in(c.cross_ns(0), [me, "-m", "netsense.testbed.cross", "send", c.cross_address(1),
+                                       str(CROSS_PORT), self.clock, flows])
+
+
+def _read(path: str) -> list[dict]:
+    try:
+        with open(path) as fh:
+            return list(csv.DictReader(fh))
+    except FileNotFoundError:
+        return []
+
+
+def queue_samples(out_dir: str) -> list[dict]:
+    """Rows of every queue CSV of a run (queue.csv, or queue-<k>.csv per namespace)."""
+    names = sorted(n for n in os.listdir(out_dir) if n.startswith("queue") and n.endswith(".csv"))
+    return [r for n in names for r in _read(os.path.join(out_dir, n)) if r["t"] != ""]
+
+
+def cross_samples(out_dir: str) -> list[dict]:
+    """Rows of cross_traffic.csv (none without cross traffic)."""
+    return _read(os.path.join(out_dir, "cross_traffic.csv"))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def summarize(out_dir: str, flows: list[Flow]) -> dict:
+    """Per-step columns into timeline.csv; returns the bottleneck summary for result.json."""
+    queue = queue_samples(out_dir)
+    cross = cross_samples(out_dir)
+    timeline_path = os.path.join(out_dir, "timeline.csv")
+    steps = _read(timeline_path)
+    if steps and (queue or cross):
+        _add_step_columns(timeline_path, steps, queue, cross)
+    links = {}
+    for dev in sorted({r["dev"] for r in queue}):
+        rows = [r for r in queue if r["dev"] == dev]
+        delays = [float(r["queue_delay_ms"]) for r in rows if r["queue_delay_ms"]]
+        drops = [int(r["drops"]) for r in rows]
+        links[dev] = {"queue_delay_p50_ms": round(percentile(delays, 0.5), 3),
+                      "queue_delay_p99_ms": round(percentile(delays, 0.99), 3),
+                      "queue_delay_max_ms": round(max(delays, default=0.0), 3),
+                      "drops": max(drops) - min(drops) if drops else 0, "samples": len(rows)}
+    summary: dict = {"links": links}
+    if flows:
+        summary["cross_traffic"] = {}
+        for f in flows:
+            on = [float(r["mbit"]) for r in cross if r["flow"] == f.name and f.active(float(r["t"]))]
+            summary["cross_traffic"][f.name] = {"mean_mbit_when_on": round(statistics.fmean(on), 3) if on else 0.0,
+                                                "bytes": sum(int(r["bytes"]) for r in cross if r["flow"] == f.name)}
+    return summary
+
+
+def _add_step_columns(path: str, steps: list[dict], queue: list[dict], cross: list[dict]) -> None:
+    """Each step (training clock (previous time, time]) gets its worst queueing delay and its drops, and the
+    cross traffic's rate in the 100 ms bin that holds the step's end (steps are often shorter than a bin)."""
+    q = sorted(queue, key=lambda r: float(r["t"]))
+    by_flow: dict[str, list[tuple[float, float]]] = {}
+    for r in cross:
+        by_flow.setdefault(r["flow"], []).append((float(r["t"]), float(r["mbit"])))
+    for rows in by_flow.values():
+        rows.sort()
+    drops_before: dict[str, int] = {}
+    qi = 0
+    for step in steps:
+        end = float(step["time"])
+        worst, dropped = 0.0, 0
+        while qi < len(q) and float(q[qi]["t"]) <= end:
+            r = q[qi]
+            if r["queue_delay_ms"]:
+                worst = max(worst, float(r["queue_delay_ms"]))
+            d = int(r["drops"])
+            dropped += d - drops_before.get(r["dev"], d)
+            drops_before[r["dev"]] = d
+            qi += 1
+        step["queue_delay_max_ms"] = round(worst, 3) if queue else ""
+        step["drops"] = dropped if queue else ""
+        rates = [rows[i][1] for rows in by_flow.values()
+                 if (i := bisect.bisect_left(rows, (end, -1.0))) < len(rows) and rows[i][0] - end < 2 * BIN_S]
+        step["cross_mbit"] = round(sum(rates), 3) if cross else ""
+    fields = [k for k in steps[0] if k not in STEP_FIELDS] + STEP_FIELDS
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(steps)
