@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     if est:
         axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
     if queue or cross:  # who got the bandwidth: the training's own wire rate beside the cross traffic
-        wire = [(b["time"], b["bytes"] * 8 / (b["time"] - a["time"]) / 1e6) for a, b in zip(rows, rows[1:])
+        wire = [(b["time"], b["bytes"] * 8 / (b["time"] - a["time"]) / 1e6) for a, b in itertools.pairwise(rows)
                 if b["bytes"] is not None and b["time"] > a["time"]]
         if wire:
             axes[2].plot(*zip(*wire, strict=True), lw=0.6, label="training (wire bytes / step)", color="tab:blue")
