@@ -15,7 +15,7 @@ import pytest
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.tc import NO_NETEM, gso_max_segs, qdiscs
 from netsense.testbed import cluster as cl
-from netsense.testbed.bulk import payload_rates
+from netsense.testbed.bulk import best_second, bulk_result, payload_rates, rate_between, start_bulk
 from netsense.testbed.cluster import LocalCluster, kernel_has_netem, list_namespaces
 
 pytestmark = pytest.mark.root
@@ -33,27 +33,7 @@ def nothing_left_behind():
 
 
 def bulk(c: LocalCluster, seconds: float, port: int = 5001) -> dict:
-    recv = c.spawn(1, [sys.executable, "-m", "netsense.testbed.bulk", "recv", str(port), str(seconds + 10)],
-                   stdout=subprocess.PIPE)
-    time.sleep(0.3)
-    send = c.spawn(0, [sys.executable, "-m", "netsense.testbed.bulk", "send", c.address(1), str(port), str(seconds)])
-    out = json.loads(recv.communicate(timeout=seconds + 30)[0])
-    send.wait(timeout=10)
-    return out
-
-
-def rate_between(out: dict, t0: float, t1: float) -> float:
-    """bits/s received between t0 and t1 (seconds since the receiver's start)."""
-    b = out["bins"][int(t0 / out["bin_s"]):int(t1 / out["bin_s"])]
-    return sum(b) * 8 / (len(b) * out["bin_s"])
-
-
-def best_second(out: dict, t0: float, t1: float) -> float:
-    """The fastest one-second window between t0 and t1: a shaper may never exceed its rate over a second (its
-    bucket is well under a millisecond of it), while a busy machine only ever slows the sender."""
-    n = round(1 / out["bin_s"])
-    return max(rate_between(out, t0 + i * out["bin_s"], t0 + (i + n) * out["bin_s"])
-               for i in range(int((t1 - t0) / out["bin_s"]) - n + 1))
+    return bulk_result(start_bulk(c, seconds, port=port))
 
 
 # (rate, smallest payload held to 0.85-1.15x): a short payload after an idle gap must not outrun the link.

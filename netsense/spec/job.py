@@ -195,6 +195,8 @@ def _cross_flow(**extra: F) -> Obj:
         "flows": F(Int(min=1, max=16, doc="parallel TCP connections"), default=1),
         "start": F(Unit("duration", doc="on the training clock"), default="0s"),
         "stop": F(Unit("duration", doc="on the training clock (default: the end of the run)")),
+        "congestionControl": F(Str(pattern=r"^[a-z0-9_]+$", pattern_hint="a kernel name such as cubic or bbr",
+                                   doc="TCP congestion control of these flows (default: the machine's)")),
         **extra,
     })
 

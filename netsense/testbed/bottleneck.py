@@ -7,7 +7,7 @@ each flow's goodput into cross_traffic.csv). Both run on the training clock
 and die with the cluster. After the run, ``summarize`` adds to each step of
 timeline.csv the worst queueing delay and the drops during it and the cross
 traffic's rate, and to result.json a ``bottleneck`` summary: queueing delay
-percentiles (over samples while training ran) and drops, per link; each cross
+percentiles (weighted by how long each value held, on the training clock) and drops, per link; each cross
 flow's mean goodput while it was on.
 """
 
@@ -22,7 +22,8 @@ import subprocess
 import sys
 from dataclasses import asdict
 
-from netsense.testbed.cluster import LocalCluster
+from netsense.testbed.bulk import available_congestion_control
+from netsense.testbed.cluster import LocalCluster, TestbedError
 from netsense.testbed.cross import BIN_S, Flow, flows_from_spec
 
 CROSS_PORT = 5201
@@ -32,9 +33,17 @@ STEP_FIELDS = ["queue_delay_max_ms", "drops", "cross_mbit"]
 class Observers:
     def __init__(self, cluster: LocalCluster, cross_traffic: list[dict] | None, out_dir: str, clock: str):
         self.cluster, self.out_dir, self.clock = cluster, out_dir, clock
-        self.flows = flows_from_spec(cross_traffic or [])
+        self.cross_traffic = cross_traffic or []
+        self.flows = flows_from_spec(self.cross_traffic)
 
     def start(self) -> None:
+        """Raises TestbedError (before starting anything) for a congestion control this kernel lacks."""
+        available = available_congestion_control().split()
+        for i, entry in enumerate(self.cross_traffic):
+            cc = entry.get("congestionControl")
+            if cc and cc not in available:
+                raise TestbedError(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
+                                   f"kernel (available: {' '.join(available)})")
         me = sys.executable
         by_ns: dict[str, list[str]] = {}
         for ns, dev in self.cluster.shaped:
@@ -71,9 +80,26 @@ def cross_samples(out_dir: str) -> list[dict]:
     return _read(os.path.join(out_dir, "cross_traffic.csv"))
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
+    """The q-quantile of values weighted by how long each held: pairs of (value, seconds)."""
+    pairs = sorted(pairs)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return pairs[min(len(pairs) - 1, int(q * len(pairs)))][0] if pairs else 0.0
+    seen = 0.0
+    for value, w in pairs:
+        seen += w
+        if seen >= q * total:
+            return value
+    return pairs[-1][0]
+
+
+def held(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    """(value, seconds until the next row) of one device's rows: the sampler writes a row when something
+    changed (and once a second), so a value holds until the next row."""
+    ts = [float(r["t"]) for r in rows]
+    return [(float(r[key]), max(0.0, nxt - t)) for r, t, nxt in zip(rows, ts, ts[1:] + ts[-1:], strict=True)
+            if r[key] != ""]
 
 
 def summarize(out_dir: str, flows: list[Flow]) -> dict:
@@ -86,13 +112,14 @@ def summarize(out_dir: str, flows: list[Flow]) -> dict:
         _add_step_columns(timeline_path, steps, queue, cross)
     links = {}
     for dev in sorted({r["dev"] for r in queue}):
-        rows = [r for r in queue if r["dev"] == dev]
-        delays = [float(r["queue_delay_ms"]) for r in rows if r["queue_delay_ms"]]
+        rows = sorted((r for r in queue if r["dev"] == dev), key=lambda r: float(r["t"]))
+        delays = held(rows, "queue_delay_ms")
         drops = [int(r["drops"]) for r in rows]
-        links[dev] = {"queue_delay_p50_ms": round(percentile(delays, 0.5), 3),
-                      "queue_delay_p99_ms": round(percentile(delays, 0.99), 3),
-                      "queue_delay_max_ms": round(max(delays, default=0.0), 3),
-                      "drops": max(drops) - min(drops) if drops else 0, "samples": len(rows)}
+        links[dev] = {"queue_delay_p50_ms": round(weighted_percentile(delays, 0.5), 3),
+                      "queue_delay_p99_ms": round(weighted_percentile(delays, 0.99), 3),
+                      "queue_delay_max_ms": round(max((d for d, _ in delays), default=0.0), 3),
+                      "drops": max(drops) - min(drops) if drops else 0,
+                      "seconds": round(float(rows[-1]["t"]) - float(rows[0]["t"]), 3)}
     summary: dict = {"links": links}
     if flows:
         summary["cross_traffic"] = {}

@@ -1,7 +1,7 @@
 """Minimal TCP transfers for measuring a shaped link (counted at the receiver).
 
     python -m netsense.testbed.bulk recv PORT SECONDS   # prints JSON: bytes per 0.1 s bin
-    python -m netsense.testbed.bulk send HOST PORT SECONDS
+    python -m netsense.testbed.bulk send HOST PORT SECONDS [CONGESTION_CONTROL]
     python -m netsense.testbed.bulk recv-payloads PORT SIZE...           # prints JSON: completion times
     python -m netsense.testbed.bulk send-payloads HOST PORT GAP SIZE...  # prints JSON: start times
 
@@ -72,13 +72,29 @@ def recv(port: int, seconds: float) -> dict:
     return {"bytes": total, "seconds": elapsed, "start": time.time() - elapsed, "bin_s": BIN_S, "bins": bins}
 
 
-def send(host: str, port: int, seconds: float) -> None:
+def send(host: str, port: int, seconds: float, cc: str | None = None) -> None:
     sock = _connect(host, port)
+    if cc:
+        set_congestion_control(sock, cc)
     chunk = b"\0" * (1 << 16)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         sock.sendall(chunk)
     sock.close()
+
+
+def set_congestion_control(sock: socket.socket, name: str) -> None:
+    """This connection's TCP congestion control (root may pick any the kernel has, not only the allowed)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+    except OSError as e:
+        raise OSError(e.errno, f"TCP congestion control {name!r}: {e.strerror} (available: "
+                               f"{available_congestion_control()})") from None
+
+
+def available_congestion_control() -> str:
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as fh:
+        return fh.read().strip()
 
 
 def recv_payloads(port: int, sizes: list[int]) -> dict:
@@ -113,6 +129,39 @@ def send_payloads(host: str, port: int, gap_s: float, sizes: list[int]) -> dict:
     return {"sizes": sizes, "started": started}
 
 
+def start_bulk(cluster, seconds: float, src: int = 0, dst: int = 1, port: int = 5001, cc: str | None = None):
+    """A bulk TCP flow from host src to host dst of a LocalCluster for ``seconds``; several may run at once
+    (give each its own port); ``cc``: its congestion control (default: the namespace's). Returns a handle for
+    bulk_result."""
+    me = [sys.executable, "-m", "netsense.testbed.bulk"]
+    recv = cluster.spawn(dst, [*me, "recv", str(port), str(seconds + 10)], stdout=subprocess.PIPE)
+    time.sleep(0.3)
+    send = cluster.spawn(src, [*me, "send", cluster.address(dst), str(port), str(seconds), *([cc] if cc else [])])
+    return recv, send, seconds
+
+
+def bulk_result(handle) -> dict:
+    """What the receiver counted (recv's JSON: bytes per BIN_S bin since it started)."""
+    recv, send, seconds = handle
+    out = json.loads(recv.communicate(timeout=seconds + 30)[0])
+    send.wait(timeout=10)
+    return out
+
+
+def rate_between(out: dict, t0: float, t1: float) -> float:
+    """bits/s received between t0 and t1 (seconds since the receiver's start)."""
+    b = out["bins"][int(t0 / out["bin_s"]):int(t1 / out["bin_s"])]
+    return sum(b) * 8 / (len(b) * out["bin_s"])
+
+
+def best_second(out: dict, t0: float, t1: float) -> float:
+    """The fastest one-second window between t0 and t1: a shaper may never exceed its rate over a second (its
+    bucket is well under a millisecond of it), while a busy machine only ever slows the sender."""
+    n = round(1 / out["bin_s"])
+    return max(rate_between(out, t0 + i * out["bin_s"], t0 + (i + n) * out["bin_s"])
+               for i in range(int((t1 - t0) / out["bin_s"]) - n + 1))
+
+
 def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, port: int = 5002,
                   fastest: bool = False) -> dict[int, float]:
     """Each size's apparent rate (bits/s) from host 0 to host 1 of a LocalCluster, after gap_s idle: the median of
@@ -137,7 +186,7 @@ if __name__ == "__main__":
     if cmd == "recv":
         print(json.dumps(recv(int(args[0]), float(args[1]))))
     elif cmd == "send":
-        send(args[0], int(args[1]), float(args[2]))
+        send(args[0], int(args[1]), float(args[2]), args[3] if len(args) > 3 else None)
     elif cmd == "recv-payloads":
         print(json.dumps(recv_payloads(int(args[0]), [int(s) for s in args[1:]])))
     elif cmd == "send-payloads":

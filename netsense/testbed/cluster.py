@@ -222,6 +222,13 @@ class LocalCluster:
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", self.bridge_ns, "link", "set", port, "master", bridge, "up")
 
+    def tcp_congestion_control(self) -> str:
+        """The hosts' default TCP congestion control: the machine's, which a namespace may only change to
+        one on the allowed list; every TCP number of a run depends on it, so results record it."""
+        return subprocess.run(["ip", "netns", "exec", self.host_ns(0), "cat",
+                               "/proc/sys/net/ipv4/tcp_congestion_control"],
+                              capture_output=True, text=True).stdout.strip()
+
     @property
     def epoch(self) -> float | None:
         """Unix time at which the profile's clock started (None when unshaped or not yet)."""

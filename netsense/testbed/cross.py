@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from netsense import units
 from netsense.shaping.shaper import read_clock
+from netsense.testbed.bulk import set_congestion_control
 
 BIN_S = 0.1
 CHUNK = 64 * 1024
@@ -43,6 +44,7 @@ class Flow:
     stop: float | None = None
     on: float | None = None  # with off: an on/off cycle from start; None: always on
     off: float | None = None
+    cc: str | None = None  # TCP congestion control; None: the namespace's default
 
     def active(self, t: float) -> bool:
         if t < self.start or (self.stop is not None and t >= self.stop):
@@ -58,7 +60,8 @@ def flows_from_spec(cross_traffic: list[dict]) -> list[Flow]:
     for i, entry in enumerate(cross_traffic or []):
         start, stop, on, off = (units.parse_duration(entry[k]) if entry.get(k) is not None else None
                                 for k in ("start", "stop", "onFor", "offFor"))
-        out += [Flow(f"{entry['type']}{i}-{k}", start or 0.0, stop, on, off) for k in range(entry["flows"])]
+        out += [Flow(f"{entry['type']}{i}-{k}", start or 0.0, stop, on, off, entry.get("congestionControl"))
+                for k in range(entry["flows"])]
     return out
 
 
@@ -92,6 +95,8 @@ def send(addr: str, port: int, clock_path: str, flows: list[Flow], stop: threadi
                 if stop.is_set() or time.monotonic() > deadline:
                     return
                 time.sleep(0.1)
+        if flow.cc:
+            set_congestion_control(sock, flow.cc)
         sock.sendall(flow.name.encode().ljust(NAME_BYTES, b" "))
         sock.settimeout(0.05)  # so an off period or a stop is seen within 50 ms
         buf = b"\0" * CHUNK

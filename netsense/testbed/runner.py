@@ -22,7 +22,7 @@ from netsense.shaping.profiles import build_profile
 from netsense.spec import Job
 from netsense.testbed.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.testbed.cluster import LocalCluster
-from netsense.train.results import plot
+from netsense.train.results import plot, write_result
 
 MASTER_PORT = 29500
 
@@ -175,6 +175,7 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
                          f"{', cross traffic' if net.get('crossTraffic') else ''}; output in {out_dir}")
         observers = Observers(cluster, net.get("crossTraffic"), out_dir, start_file)
         observers.start()
+        tcp = cluster.tcp_congestion_control()
         for attempt in range(policy["backoffLimit"] + 1):
             outcome = run_gang(cluster, job, out_dir, progress, attempt, deadline)
             if outcome.ok:
@@ -188,11 +189,11 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     progress.message("")
     with open(os.path.join(out_dir, "result.json")) as fh:
         result = json.load(fh)
+    result["tcp_congestion_control"] = tcp
     bottleneck = summarize(out_dir, observers.flows)
     if bottleneck["links"] or observers.flows:
         result["bottleneck"] = bottleneck
-        with open(os.path.join(out_dir, "result.json"), "w") as fh:
-            json.dump(result, fh, indent=2)
+    write_result(out_dir, result)
     png = plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
                f"{job.name}: {job.compression['method']}, {job.workers} workers",
                queue=queue_samples(out_dir), cross=cross_samples(out_dir))
