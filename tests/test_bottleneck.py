@@ -16,7 +16,7 @@ import yaml
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import qdiscs
-from netsense.spec import SpecError, parse_job, parse_spec
+from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
 from netsense.testbed import cluster as cl
 from netsense.testbed.bottleneck import summarize
 from netsense.testbed.bulk import (
@@ -52,6 +52,14 @@ def test_cross_traffic_needs_the_shared_topology_and_says_so():
                                 "crossTraffic": [{"type": "bulk"}]}})
     assert [i.path for i in e.value.issues] == ["spec.network.crossTraffic"]
     assert "topology: shared" in str(e.value)
+
+
+def test_a_cluster_refuses_the_shared_topology_the_testbed_runs():
+    job = parse_spec({"network": {"topology": "shared", "profile": {"type": "static", "rate": "50Mbit"}}})
+    check_local(job)
+    with pytest.raises(SpecError) as e:
+        check_cluster(job)
+    assert [i.path for i in e.value.issues] == ["spec.network.topology"]
 
 
 def test_unquoted_on_and_off_keys_get_an_error_that_explains_yaml():

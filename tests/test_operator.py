@@ -163,6 +163,17 @@ def test_an_invalid_spec_the_schema_accepts_fails_without_pods(kube, ns, operato
     assert not kube.pods(ns, "invalid")
 
 
+def test_the_local_testbeds_shared_topology_is_refused_on_a_cluster(kube, ns, operator):
+    spec = quick_spec(network={"topology": "shared", "profile": {"type": "static", "rate": "50Mbit"},
+                               "crossTraffic": [{"type": "bulk"}]})
+    kube.create_job(ns, "shared", spec)
+    st = wait_for(lambda: (s := kube.status(ns, "shared")).get("phase") and s, what="a phase")
+    assert st["phase"] == "Failed" and st["reason"] == "InvalidSpec"
+    assert "spec.network.topology: shared is the local testbed's" in st["message"]
+    time.sleep(1)
+    assert not kube.pods(ns, "shared")
+
+
 def test_a_spec_change_of_a_running_job_is_refused(kube, ns, operator):
     kube.create_job(ns, "immutable", quick_spec())
     wait_for(lambda: len(kube.pods(ns, "immutable")) == 2, what="pods")

@@ -30,7 +30,7 @@ from netsense.kube import load_kube_config
 from netsense.kube import resources as res
 from netsense.kube import status as st
 from netsense.shaping.profiles import Profile, build_profile
-from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, parse_spec
+from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
 
 RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
 
@@ -116,13 +116,10 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
         return  # already started: the timer carries on (operator restart)
     try:
         job = parse_spec(copy.deepcopy(dict(spec)), name)
+        check_cluster(job)
     except SpecError as e:
         _invalid(patch, str(e))
         logger.warning(f"invalid spec: {e}")
-        return
-    profile = job.network.get("profile")
-    if profile and profile["type"] == "trace" and "file" in profile:
-        _invalid(patch, "spec.network.profile.file: trace files cannot be read in a cluster; inline them as points")
         return
     _create("Service", res.service(job, namespace, uid), namespace)
     _create_gang(job, namespace, uid, 0)

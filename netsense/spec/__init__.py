@@ -9,6 +9,7 @@ from netsense.spec.job import (
     VERSION,
     Job,
     SpecError,
+    check_cluster,
     check_local,
     load_job,
     parse_job,
@@ -17,5 +18,5 @@ from netsense.spec.job import (
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "SHORT_NAME", "VERSION",
-    "Job", "SpecError", "check_local", "load_job", "parse_job", "parse_spec",
+    "Job", "SpecError", "check_cluster", "check_local", "load_job", "parse_job", "parse_spec",
 ]

@@ -392,3 +392,17 @@ def check_local(job: Job) -> None:
     if t["dataset"] in ("cifar10", "cifar100") and not os.path.isdir(t["dataPath"]):
         raise SpecError([Issue("spec.training.dataPath",
                                f"{t['dataPath']} does not exist (datasets are never downloaded at run time)")])
+
+
+def check_cluster(job: Job) -> None:
+    """What only the local testbed can do: refused on a cluster, where the network between nodes is real."""
+    net, issues = job.network, []
+    profile = net.get("profile")
+    if profile and profile["type"] == "trace" and "file" in profile:
+        issues.append(Issue("spec.network.profile.file", "trace files cannot be read in a cluster; inline them as "
+                                                         "points"))
+    if net["topology"] == "shared":
+        issues.append(Issue("spec.network.topology", "shared is the local testbed's emulated switch; on a cluster "
+                                                     "the nodes' own network is the shared link (use per-host)"))
+    if issues:
+        raise SpecError(issues)
