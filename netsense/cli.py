@@ -90,6 +90,7 @@ def _load_profile(args) -> dict:
 
 def cmd_shape(args) -> int:
     from netsense.shaping.profiles import build_profile
+    from netsense.shaping.queue import link_summary, read_rows, start_sampler
     from netsense.shaping.shaper import ProfileFollower
     from netsense.shaping.tc import TcLink
 
@@ -100,8 +101,11 @@ def cmd_shape(args) -> int:
     if args.direction in ("ingress", "both"):
         links.append(TcLink(args.dev, ingress=True, impairments=profile.impairments))
     follower = ProfileFollower(profile, links, epoch=args.epoch, start_file=args.start_file)
+    stop_sampling = None
     try:
         follower.start_shaping()
+        if args.queue_csv and not args.once:
+            stop_sampling = start_sampler([link.shaped_dev for link in links], args.queue_csv, args.start_file)
         if args.ready_file:
             with open(args.ready_file, "w") as fh:
                 fh.write("shaped\n")
@@ -109,6 +113,9 @@ def cmd_shape(args) -> int:
             return 0
         follower.follow()
     finally:
+        if stop_sampling:
+            stop_sampling()
+            print(json.dumps({"event": "queue", "links": link_summary(read_rows(args.queue_csv))}), flush=True)
         if not args.once:
             follower.stop(teardown=True)
             print(json.dumps({"event": "unshaped", "devs": [link.shaped_dev for link in links]}), flush=True)
@@ -187,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",
-                       description="Apply a static rate or a profile to IFACE (HTB, rate changes in place) "
+                       description="Apply a static rate or a profile to IFACE (TBF, rate changes in place) "
                                    "until SIGTERM, then remove the qdiscs. Logs each applied step as JSON. "
                                    "This is the Kubernetes shaping sidecar; it needs only NET_ADMIN.")
     s.add_argument("--dev", required=True, metavar="IFACE")
@@ -204,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "while training does (evaluation)")
     s.add_argument("--ready-file", metavar="PATH", help="written once the first step is applied")
     s.add_argument("--once", action="store_true", help="apply the current step and exit, leaving it in place")
+    s.add_argument("--queue-csv", metavar="PATH",
+                   help="sample the shaped queue (backlog, queueing delay, drops) every 10 ms into PATH, on the "
+                        "training clock of --start-file; print its summary on exit")
     s.set_defaults(fn=cmd_shape)
 
     s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)")

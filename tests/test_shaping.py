@@ -3,6 +3,7 @@ namespaced hosts (root only; counted at the receiver)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from netsense.shaping.profiles import build_profile
+from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import NO_NETEM, gso_max_segs, qdiscs
 from netsense.testbed import cluster as cl
 from netsense.testbed.bulk import best_second, bulk_result, payload_rates, rate_between, start_bulk
@@ -181,11 +183,13 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
         profile = tmp_path / "p.yaml"
         profile.write_text("type: steps\nsteps: [{at: 0s, rate: 100Mbit}, {at: 1s, rate: 30Mbit}]\n")
-        ready = tmp_path / "ready"
+        ready, clock, queue = tmp_path / "ready", tmp_path / "clock", tmp_path / "queue.csv"
+        write_clock(str(clock), time.time())
         gso_before = gso_max_segs("eth0", ns)
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "netsense", "shape", "--dev",
                                  "eth0", "--profile", str(profile), "--direction", "both",
-                                 "--ready-file", str(ready)], stdout=subprocess.PIPE, text=True)
+                                 "--ready-file", str(ready), "--start-file", str(clock), "--queue-csv", str(queue)],
+                                stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 20
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -198,8 +202,14 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         out, _ = proc.communicate(timeout=10)
         assert proc.returncode == 143
         events = [json.loads(line) for line in out.splitlines()]
-        assert [e["rate"] for e in events if "rate" in e] == ["100Mbit", "30Mbit"]
+        assert [e["rate"] for e in events if e["event"] in ("shaped", "rate")] == ["100Mbit", "30Mbit"]
         assert events[-1]["event"] == "unshaped"
+        # The sidecar's queue, as on the testbed: both shaped directions sampled, summarized on exit.
+        summary = next(e for e in events if e["event"] == "queue")["links"]
+        assert set(summary) == {"eth0", "ifb-eth0"} and summary["eth0"]["seconds"] > 1
+        with open(queue) as fh:
+            rows = list(csv.DictReader(fh))
+        assert {r["rate_mbit"] for r in rows if r["dev"] == "eth0"} >= {"100.0", "30.0"}
         assert "tbf" not in qdiscs("eth0", ns) and "ingress" not in qdiscs("eth0", ns)
         links = subprocess.run(["ip", "-n", ns, "link"], capture_output=True, text=True).stdout
         assert "ifb-eth0" not in links
@@ -213,8 +223,6 @@ def tbf_rate(c: LocalCluster, host: int) -> str:
 
 
 def test_with_a_start_file_the_profile_follows_the_training_clock_pauses_and_rewinds(tmp_path):
-    from netsense.shaping.shaper import write_clock
-
     start = str(tmp_path / "profile-start")
     profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "50Mbit"}, {"at": "0.5s", "rate": "20Mbit"}]})
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w"), start_file=start) as c:

@@ -18,6 +18,7 @@ READY_FILE = "/tmp/netsense-shaped"
 # time training starts, and the shaper starts the profile's clock there.
 RUN_DIR = "/run/netsense"
 START_FILE = f"{RUN_DIR}/profile-start"
+QUEUE_CSV = f"{RUN_DIR}/queue.csv"  # the shaper samples its queue here; the trainer (rank 0) summarizes it
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 LABEL_JOB = "netsense.dev/job"
 LABEL_ATTEMPT = "netsense.dev/attempt"
@@ -72,7 +73,7 @@ def _shaper(job: Job) -> dict:
         "restartPolicy": "Always",
         "command": ["netsense", "shape", "--dev", net["interface"], "--profile-json",
                     json.dumps(net["profile"], separators=(",", ":")), "--direction", net["direction"],
-                    "--start-file", START_FILE, "--ready-file", READY_FILE],
+                    "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV],
         "volumeMounts": [RUN_VOLUME],
         "securityContext": {
             "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
@@ -101,7 +102,8 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
     }
     if net.get("profile"):
         # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
-        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
+        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_CSV": QUEUE_CSV,
+                    "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
                     "GLOO_SOCKET_IFNAME": net["interface"]})
     trainer = {
         "name": "trainer",

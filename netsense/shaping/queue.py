@@ -20,12 +20,15 @@ once a second otherwise, so an idle link costs little disk.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import signal
 import socket
 import struct
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from netsense.shaping.shaper import clock_now
@@ -129,15 +132,16 @@ class QdiscReader:
         return self.roots().get(socket.if_nametoindex(dev))
 
 
-def sample(devs: list[str], out: str, clock: str | None, every_s: float, stop: list[bool]) -> None:
-    """Write rows (FIELDS) to ``out`` until stop[0] is set; see the module docstring."""
+def sample(devs: list[str], out: str, clock: str | None, every_s: float, stop: threading.Event) -> None:
+    """Write rows (FIELDS) to ``out`` until stop is set; see the module docstring."""
     reader = QdiscReader()
     index = {dev: socket.if_nametoindex(dev) for dev in devs}
     last: dict[str, tuple] = {}
     written: dict[str, float] = {}
     with open(out, "w", buffering=1) as fh:
         fh.write(",".join(FIELDS) + "\n")
-        while not stop[0]:
+        while True:
+            final = stop.is_set()  # one last row per device, so the file covers the whole run
             roots = reader.roots()
             t = clock_now(clock) if clock else None
             now = time.monotonic()
@@ -146,15 +150,80 @@ def sample(devs: list[str], out: str, clock: str | None, every_s: float, stop: l
                 if s is None:
                     continue
                 state = (s.backlog_bytes, s.drops, s.sent_bytes, s.rate_bps)
-                if state == last.get(dev) and now - written.get(dev, 0.0) < 1.0:
+                if not final and state == last.get(dev) and now - written.get(dev, 0.0) < 1.0:
                     continue
                 last[dev], written[dev] = state, now
                 delay = s.queue_delay_s
                 fh.write(f"{'' if t is None else round(t, 4)},{dev},{s.backlog_bytes},{s.backlog_packets},"
                          f"{'' if delay is None else round(delay * 1e3, 3)},{s.drops},{s.sent_bytes},"
                          f"{'' if s.rate_bps is None else round(s.rate_bps / 1e6, 3)}\n")
-            time.sleep(every_s)
+            if final:
+                break
+            stop.wait(every_s)
     reader.close()
+
+
+def read_rows(path: str) -> list[dict]:
+    """A CSV's rows as dicts (none when the file does not exist)."""
+    try:
+        with open(path) as fh:
+            return list(csv.DictReader(fh))
+    except FileNotFoundError:
+        return []
+
+
+def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
+    """The q-quantile of values weighted by how long each held: pairs of (value, seconds)."""
+    pairs = sorted(pairs)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return pairs[min(len(pairs) - 1, int(q * len(pairs)))][0] if pairs else 0.0
+    seen = 0.0
+    for value, w in pairs:
+        seen += w
+        if seen >= q * total:
+            return value
+    return pairs[-1][0]
+
+
+def held(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    """(value, seconds until the next row) of one device's rows: the sampler writes a row when something
+    changed (and once a second), so a value holds until the next row."""
+    ts = [float(r["t"]) for r in rows]
+    return [(float(r[key]), max(0.0, nxt - t)) for r, t, nxt in zip(rows, ts, ts[1:] + ts[-1:], strict=True)
+            if r[key] != ""]
+
+
+def link_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per device: queueing delay percentiles weighted by time, the worst, drops and seconds covered (rows
+    before the clock started left out)."""
+    rows = [r for r in rows if r["t"] != ""]
+    links = {}
+    for dev in sorted({r["dev"] for r in rows}):
+        mine = sorted((r for r in rows if r["dev"] == dev), key=lambda r: float(r["t"]))
+        delays = held(mine, "queue_delay_ms")
+        drops = [int(r["drops"]) for r in mine]
+        links[dev] = {"queue_delay_p50_ms": round(weighted_percentile(delays, 0.5), 3),
+                      "queue_delay_p99_ms": round(weighted_percentile(delays, 0.99), 3),
+                      "queue_delay_max_ms": round(max((d for d, _ in delays), default=0.0), 3),
+                      "drops": max(drops) - min(drops),
+                      "seconds": round(float(mine[-1]["t"]) - float(mine[0]["t"]), 3)}
+    return links
+
+
+def start_sampler(devs: list[str], out: str, clock: str | None, every_s: float = 0.01) -> Callable[[], None]:
+    """sample() in a daemon thread (the shaping sidecar's); returns the function that stops it (and waits
+    for its last rows)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=sample, args=(devs, out, clock, every_s, stop), name="queue-sampler",
+                              daemon=True)
+    thread.start()
+
+    def finish() -> None:
+        stop.set()
+        thread.join(timeout=5)
+
+    return finish
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,13 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=float, default=0.01, help="seconds between samples (default 0.01)")
     ap.add_argument("--out", required=True, help="CSV to write")
     args = ap.parse_args(argv)
-    stop = [False]
-
-    def finish(*_) -> None:
-        stop[0] = True
-
-    signal.signal(signal.SIGTERM, finish)
-    signal.signal(signal.SIGINT, finish)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         sample(args.dev, args.out, args.clock, args.every, stop)
     except OSError as e:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+from netsense.shaping.queue import link_summary, read_rows
 from netsense.testbed.bulk import available_congestion_control
 from netsense.testbed.cluster import LocalCluster, TestbedError
 from netsense.testbed.cross import BIN_S, Flow, flows_from_spec
@@ -61,45 +62,15 @@ class Observers:
                                        str(CROSS_PORT), self.clock, flows])
 
 
-def _read(path: str) -> list[dict]:
-    try:
-        with open(path) as fh:
-            return list(csv.DictReader(fh))
-    except FileNotFoundError:
-        return []
-
-
 def queue_samples(out_dir: str) -> list[dict]:
     """Rows of every queue CSV of a run (queue.csv, or queue-<k>.csv per namespace)."""
     names = sorted(n for n in os.listdir(out_dir) if n.startswith("queue") and n.endswith(".csv"))
-    return [r for n in names for r in _read(os.path.join(out_dir, n)) if r["t"] != ""]
+    return [r for n in names for r in read_rows(os.path.join(out_dir, n)) if r["t"] != ""]
 
 
 def cross_samples(out_dir: str) -> list[dict]:
     """Rows of cross_traffic.csv (none without cross traffic)."""
-    return _read(os.path.join(out_dir, "cross_traffic.csv"))
-
-
-def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
-    """The q-quantile of values weighted by how long each held: pairs of (value, seconds)."""
-    pairs = sorted(pairs)
-    total = sum(w for _, w in pairs)
-    if total <= 0:
-        return pairs[min(len(pairs) - 1, int(q * len(pairs)))][0] if pairs else 0.0
-    seen = 0.0
-    for value, w in pairs:
-        seen += w
-        if seen >= q * total:
-            return value
-    return pairs[-1][0]
-
-
-def held(rows: list[dict], key: str) -> list[tuple[float, float]]:
-    """(value, seconds until the next row) of one device's rows: the sampler writes a row when something
-    changed (and once a second), so a value holds until the next row."""
-    ts = [float(r["t"]) for r in rows]
-    return [(float(r[key]), max(0.0, nxt - t)) for r, t, nxt in zip(rows, ts, ts[1:] + ts[-1:], strict=True)
-            if r[key] != ""]
+    return read_rows(os.path.join(out_dir, "cross_traffic.csv"))
 
 
 def summarize(out_dir: str, flows: list[Flow]) -> dict:
@@ -107,20 +78,10 @@ def summarize(out_dir: str, flows: list[Flow]) -> dict:
     queue = queue_samples(out_dir)
     cross = cross_samples(out_dir)
     timeline_path = os.path.join(out_dir, "timeline.csv")
-    steps = _read(timeline_path)
+    steps = read_rows(timeline_path)
     if steps and (queue or cross):
         _add_step_columns(timeline_path, steps, queue, cross)
-    links = {}
-    for dev in sorted({r["dev"] for r in queue}):
-        rows = sorted((r for r in queue if r["dev"] == dev), key=lambda r: float(r["t"]))
-        delays = held(rows, "queue_delay_ms")
-        drops = [int(r["drops"]) for r in rows]
-        links[dev] = {"queue_delay_p50_ms": round(weighted_percentile(delays, 0.5), 3),
-                      "queue_delay_p99_ms": round(weighted_percentile(delays, 0.99), 3),
-                      "queue_delay_max_ms": round(max((d for d, _ in delays), default=0.0), 3),
-                      "drops": max(drops) - min(drops) if drops else 0,
-                      "seconds": round(float(rows[-1]["t"]) - float(rows[0]["t"]), 3)}
-    summary: dict = {"links": links}
+    summary: dict = {"links": link_summary(queue)}
     if flows:
         summary["cross_traffic"] = {}
         for f in flows:

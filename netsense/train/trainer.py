@@ -6,8 +6,10 @@ NETSENSE_JOB (the NetSenseJob as JSON), NETSENSE_PROFILE_START_FILE (where this
 rank publishes its training clock for its shaper: the profile runs on the clock
 that time to accuracy is measured on, see netsense.shaping.shaper), NETSENSE_OUT
 (directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
-compact result, e.g. the pod's termination message) and NETSENSE_TIMEOUT
-(collective timeout in seconds: a dead peer ends the run, never a hang).
+compact result, e.g. the pod's termination message), NETSENSE_QUEUE_CSV (where
+this pod's shaper samples its queue: rank 0's result summarizes it) and
+NETSENSE_TIMEOUT (collective timeout in seconds: a dead peer ends the run, never
+a hang).
 
 Rank 0 prints JSON lines on stdout: progress, evaluations, and the result.
 Stop decisions (target reached, wall budget) are taken by rank 0 and shared by
@@ -33,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from netsense import units
 from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
+from netsense.shaping.queue import link_summary, read_rows
 from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, parse_spec
 from netsense.train.data import ShardedBatches, load_dataset
@@ -341,6 +344,9 @@ def worker_main() -> int:
             except Exception:
                 pass
     if rank == 0:
+        queue_csv = os.environ.get("NETSENSE_QUEUE_CSV")  # on a cluster: this pod's shaped uplink
+        if queue_csv and (links := link_summary(read_rows(queue_csv))):
+            result["bottleneck"] = {"links": links}
         out = os.environ.get("NETSENSE_OUT")
         if out:
             os.makedirs(out, exist_ok=True)
