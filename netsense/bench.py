@@ -14,6 +14,12 @@ A grid file::
     profiles: {static-50: {type: static, rate: 50Mbit}, ...}
     seeds: [0, 1]
 
+A scenario is a bandwidth profile, or ``{network: {...}}``: a whole
+spec.network (the shared topology, cross traffic) merged over the base's.
+Each row reports, beside time to accuracy, what the method did to the
+bottleneck: its worst link's p99 queueing delay and the drops there, and the
+cross traffic's goodput while on.
+
 Locally each cell is `netsense run`; with --cluster each cell is a NetSenseJob
 submitted through the Kubernetes API (current kubeconfig), its result read back
 from the job's status.
@@ -82,10 +88,10 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
                                                 "(maxSeconds, maxSteps or epochs) shared by every method")])
     cells = []
     for method, compression in grid["methods"].items():
-        for scenario, profile in grid["profiles"].items():
+        for scenario, setting in grid["profiles"].items():
+            network = setting["network"] if isinstance(setting, dict) and "network" in setting else {"profile": setting}
             for seed in seeds:
-                spec = _merge(base, {"compression": compression, "network": {"profile": profile},
-                                     "training": {"seed": seed}})
+                spec = _merge(base, {"compression": compression, "network": network, "training": {"seed": seed}})
                 doc = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob",
                        "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
                 try:
@@ -155,6 +161,23 @@ def steps_to_target(result: dict) -> int | None:
     return None
 
 
+def worst_queue_p99(result: dict) -> float | None:
+    """The p99 queueing delay of the run's worst shaped link (ms)."""
+    links = (result.get("bottleneck") or {}).get("links") or {}
+    return max((link["queue_delay_p99_ms"] for link in links.values()), default=None)
+
+
+def bottleneck_drops(result: dict) -> int | None:
+    links = (result.get("bottleneck") or {}).get("links") or {}
+    return sum(link["drops"] for link in links.values()) if links else None
+
+
+def cross_goodput(result: dict) -> float | None:
+    """The cross traffic's total goodput while on (Mbit/s)."""
+    flows = (result.get("bottleneck") or {}).get("cross_traffic") or {}
+    return sum(f["mean_mbit_when_on"] for f in flows.values()) if flows else None
+
+
 def summarize(results: list[dict]) -> list[dict]:
     """One row per (scenario, method): means and spreads over seeds, and regret."""
     rows: dict[tuple[str, str], dict] = {}
@@ -179,6 +202,9 @@ def summarize(results: list[dict]) -> list[dict]:
                                          if r.get("bytes_sent_per_worker") is not None]),
             "bytes_per_step": _mean([r["bytes_sent_per_worker"] / r["steps"] for r in runs if r.get("steps")]),
             "selection_ms": _mean([r["selection_ms_mean"] for r in runs if r.get("selection_ms_mean") is not None]),
+            "queue_p99_ms": _mean([q for q in map(worst_queue_p99, runs) if q is not None]),
+            "drops": _mean([d for d in map(bottleneck_drops, runs) if d is not None]),
+            "cross_mbit": _mean([x for x in map(cross_goodput, runs) if x is not None]),
             "failed": len(row["runs"]) - len(runs),
         })
     for scenario in {r["scenario"] for r in out}:
@@ -205,7 +231,9 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
              "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
-             "target (accuracy per step, apart from speed).", ""]
+             "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
+             "worst shaped link (time-weighted), drops = packets its queue dropped, cross = the cross "
+             "traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
     if ceiling:
         each = f" (before and after the cells: {' and '.join(f'{c:.0f}' for c in ceilings)})" \
             if ceilings and len(ceilings) > 1 else ""
@@ -214,8 +242,9 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
                   "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
-                  "| density | MB/step | selection ms |",
-                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| density | MB/step | selection ms | queue p99 ms | drops | cross Mbit/s |",
+                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {_fmt(r['tta_mean_s'])} | {_fmt(r['tta_std_s'])} | "
@@ -225,7 +254,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                              f"{_fmt(r['best_accuracy'], 3)} | {_fmt(r['final_accuracy'], 3)} | "
                              f"{_fmt(r['mean_density'], 4)} | "
                              f"{_fmt(r['bytes_per_step'] / 1e6 if r['bytes_per_step'] is not None else None, 3)} | "
-                             f"{_fmt(r['selection_ms'], 1)} |")
+                             f"{_fmt(r['selection_ms'], 1)} | {_fmt(r.get('queue_p99_ms'), 1)} | "
+                             f"{_fmt(r.get('drops'), 0)} | {_fmt(r.get('cross_mbit'), 1)} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ def write(tmp_path, grid) -> str:
 
 
 def test_shipped_grids_load():
-    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml"):
+    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml"):
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
         assert cells
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
@@ -73,6 +73,24 @@ def test_summary_means_spreads_and_regret():
     assert by["a"]["steps_to_target"] == 10  # first evaluation at or above the target
     # c reached the target with one seed only: not counted as reached, infinite regret
     assert by["c"]["tta_mean_s"] is None and by["c"]["reached"] == "1/2" and math.isinf(by["c"]["regret"])
+
+
+def test_a_scenario_may_set_the_whole_network_and_rows_report_the_bottleneck(tmp_path):
+    grid = json.loads(json.dumps(GRID))
+    grid["profiles"]["cross"] = {"network": {"topology": "shared", "profile": {"type": "static", "rate": "50Mbit"},
+                                             "crossTraffic": [{"type": "bulk"}]}}
+    _, cells, _ = load_grid(write(tmp_path, grid))
+    net = next(c for c in cells if c.scenario == "cross").job["spec"]["network"]
+    assert net["topology"] == "shared" and net["crossTraffic"] == [{"type": "bulk"}]
+    busy = {"links": {"up0": {"queue_delay_p99_ms": 30.0, "drops": 5}, "up1": {"queue_delay_p99_ms": 2.0, "drops": 1}},
+            "cross_traffic": {"bulk0-0": {"mean_mbit_when_on": 20.0, "bytes": 1}}}
+    rows = summarize([{**_r("a", "cross", 0, 10), "bottleneck": busy},
+                      {**_r("a", "cross", 1, 12), "bottleneck": {**busy, "links": {"up0": {"queue_delay_p99_ms": 10.0,
+                                                                                          "drops": 0}}}},
+                      _r("b", "plain", 0, 10)])
+    a, b = (next(r for r in rows if r["method"] == m) for m in "ab")
+    assert a["queue_p99_ms"] == 20.0 and a["drops"] == 3 and a["cross_mbit"] == 20.0  # worst link, mean of seeds
+    assert b["queue_p99_ms"] is None and b["cross_mbit"] is None
 
 
 def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path, monkeypatch):
