@@ -90,7 +90,7 @@ def _load_profile(args) -> dict:
 
 def cmd_shape(args) -> int:
     from netsense.shaping.profiles import build_profile
-    from netsense.shaping.queue import link_summary, read_rows, start_sampler
+    from netsense.shaping.queue import Link, link_summary, read_rows, start_sampler
     from netsense.shaping.shaper import ProfileFollower
     from netsense.shaping.tc import TcLink
 
@@ -105,7 +105,8 @@ def cmd_shape(args) -> int:
     try:
         follower.start_shaping()
         if args.queue_csv and not args.once:
-            stop_sampling = start_sampler([link.shaped_dev for link in links], args.queue_csv, args.start_file)
+            stop_sampling = start_sampler([Link(link.shaped_dev, link.shaped_dev) for link in links], args.queue_csv,
+                                          args.start_file)
         if args.ready_file:
             with open(args.ready_file, "w") as fh:
                 fh.write("shaped\n")

@@ -2,12 +2,13 @@
 
 Read over rtnetlink (RTM_GETQDISC), the numbers ``tc -s qdisc show`` prints, at
 ~100 samples a second: a fork of ``tc`` per sample would cost more CPU than the
-two cores here can spare beside a training job. The socket belongs to the
-network namespace of the process that opens it, so the sampler runs inside the
-namespace whose device it reads (``ip netns exec`` on the testbed; the shaping
-sidecar's own pod namespace on a cluster).
+two cores here can spare beside a training job (one sampler costs ~5% of a
+core while its links carry traffic). A netlink socket belongs to the network
+namespace it was opened in, so one sampler opens one per namespace (setns,
+briefly, in its own thread) and reads every shaped link of a testbed run; the
+shaping sidecar reads its own pod's.
 
-    python -m netsense.shaping.queue --dev eth0 [--dev up1] [--clock FILE] [--every 0.01] --out queue.csv
+    python -m netsense.shaping.queue --dev [LABEL=][NETNS:]DEV ... [--clock FILE] [--every 0.01] --out queue.csv
 
 Each row: the training clock (``--clock``: the file the trainer publishes, see
 netsense.shaping.shaper; empty before the clock starts), the device, the
@@ -20,7 +21,9 @@ once a second otherwise, so an idle link costs little disk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import ctypes
 import os
 import signal
 import socket
@@ -94,13 +97,59 @@ def _parse(payload: bytes) -> tuple[int, int, QdiscStats] | None:
     return ifindex, parent, QdiscStats(kind, sent, backlog, qlen, drops, rate)
 
 
-class QdiscReader:
-    """Root qdisc statistics of devices in this process's network namespace."""
+@dataclass(frozen=True)
+class Link:
+    """A shaped device to sample: its label in the CSV, and where it lives."""
 
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        self.sock.bind((0, 0))
+    label: str
+    dev: str
+    netns: str | None = None  # a named namespace (ip netns); None: this process's
+
+    @classmethod
+    def parse(cls, text: str) -> Link:
+        """DEV, NETNS:DEV or LABEL=NETNS:DEV (the label defaults to DEV)."""
+        label, _, where = text.rpartition("=")
+        netns, _, dev = where.rpartition(":")
+        return cls(label or dev, dev, netns or None)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def in_netns(name: str | None):
+    """Run the body in network namespace ``name`` (this thread only: setns moves the calling thread). A socket
+    made inside stays in that namespace afterwards, so one sampler reads the links of many namespaces."""
+    if name is None:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"entering network namespace {name}: {os.strerror(err)}")
+        yield
+    finally:
+        _libc.setns(own, CLONE_NEWNET)
+        os.close(own)
+        os.close(target)
+
+
+class QdiscReader:
+    """Root qdisc statistics of devices in one network namespace (default: this process's)."""
+
+    def __init__(self, netns: str | None = None) -> None:
+        with in_netns(netns):
+            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+            self.sock.bind((0, 0))
+        self.netns = netns
         self.seq = 0
+
+    def index(self, dev: str) -> int:
+        with in_netns(self.netns):
+            return socket.if_nametoindex(dev)
 
     def close(self) -> None:
         self.sock.close()
@@ -129,38 +178,39 @@ class QdiscReader:
                 i += (length + 3) & ~3
 
     def read(self, dev: str) -> QdiscStats | None:
-        return self.roots().get(socket.if_nametoindex(dev))
+        return self.roots().get(self.index(dev))
 
 
-def sample(devs: list[str], out: str, clock: str | None, every_s: float, stop: threading.Event) -> None:
+def sample(links: list[Link], out: str, clock: str | None, every_s: float, stop: threading.Event) -> None:
     """Write rows (FIELDS) to ``out`` until stop is set; see the module docstring."""
-    reader = QdiscReader()
-    index = {dev: socket.if_nametoindex(dev) for dev in devs}
-    last: dict[str, tuple] = {}
-    written: dict[str, float] = {}
+    readers = {ns: QdiscReader(ns) for ns in {link.netns for link in links}}
+    index = {link: readers[link.netns].index(link.dev) for link in links}
+    last: dict[Link, tuple] = {}
+    written: dict[Link, float] = {}
     with open(out, "w", buffering=1) as fh:
         fh.write(",".join(FIELDS) + "\n")
         while True:
             final = stop.is_set()  # one last row per device, so the file covers the whole run
-            roots = reader.roots()
+            roots = {ns: reader.roots() for ns, reader in readers.items()}
             t = clock_now(clock) if clock else None
             now = time.monotonic()
-            for dev in devs:
-                s = roots.get(index[dev])
+            for link in links:
+                s = roots[link.netns].get(index[link])
                 if s is None:
                     continue
                 state = (s.backlog_bytes, s.drops, s.sent_bytes, s.rate_bps)
-                if not final and state == last.get(dev) and now - written.get(dev, 0.0) < 1.0:
+                if not final and state == last.get(link) and now - written.get(link, 0.0) < 1.0:
                     continue
-                last[dev], written[dev] = state, now
+                last[link], written[link] = state, now
                 delay = s.queue_delay_s
-                fh.write(f"{'' if t is None else round(t, 4)},{dev},{s.backlog_bytes},{s.backlog_packets},"
+                fh.write(f"{'' if t is None else round(t, 4)},{link.label},{s.backlog_bytes},{s.backlog_packets},"
                          f"{'' if delay is None else round(delay * 1e3, 3)},{s.drops},{s.sent_bytes},"
                          f"{'' if s.rate_bps is None else round(s.rate_bps / 1e6, 3)}\n")
             if final:
                 break
             stop.wait(every_s)
-    reader.close()
+    for reader in readers.values():
+        reader.close()
 
 
 def read_rows(path: str) -> list[dict]:
@@ -211,11 +261,11 @@ def link_summary(rows: list[dict]) -> dict[str, dict]:
     return links
 
 
-def start_sampler(devs: list[str], out: str, clock: str | None, every_s: float = 0.01) -> Callable[[], None]:
+def start_sampler(links: list[Link], out: str, clock: str | None, every_s: float = 0.01) -> Callable[[], None]:
     """sample() in a daemon thread (the shaping sidecar's); returns the function that stops it (and waits
     for its last rows)."""
     stop = threading.Event()
-    thread = threading.Thread(target=sample, args=(devs, out, clock, every_s, stop), name="queue-sampler",
+    thread = threading.Thread(target=sample, args=(links, out, clock, every_s, stop), name="queue-sampler",
                               daemon=True)
     thread.start()
 
@@ -228,7 +278,9 @@ def start_sampler(devs: list[str], out: str, clock: str | None, every_s: float =
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dev", action="append", required=True, help="a device whose root qdisc to sample (repeat)")
+    ap.add_argument("--dev", action="append", required=True, type=Link.parse, metavar="[LABEL=][NETNS:]DEV",
+                    help="a device whose root qdisc to sample, in a named network namespace (ip netns) or this "
+                         "process's, labelled in the CSV (default: DEV); repeat for more")
     ap.add_argument("--clock", help="the training clock file (rows carry its time)")
     ap.add_argument("--every", type=float, default=0.01, help="seconds between samples (default 0.01)")
     ap.add_argument("--out", required=True, help="CSV to write")

@@ -18,7 +18,6 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 from dataclasses import asdict
 
@@ -46,13 +45,12 @@ class Observers:
                 raise TestbedError(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
                                    f"kernel (available: {' '.join(available)})")
         me = sys.executable
-        by_ns: dict[str, list[str]] = {}
-        for ns, dev in self.cluster.shaped:
-            by_ns.setdefault(ns, []).append(dev)
-        for k, (ns, devs) in enumerate(by_ns.items()):
-            out = os.path.join(self.out_dir, "queue.csv" if len(by_ns) == 1 else f"queue-{k}.csv")
-            argv = [me, "-m", "netsense.shaping.queue", "--clock", self.clock, "--out", out]
-            self.cluster.spawn_in(ns, argv + [a for d in devs for a in ("--dev", d)], stderr=subprocess.DEVNULL)
+        if self.cluster.shaped:  # one sampler reads every shaped link, whichever namespace it is in
+            devs = [a for label, ns, dev in self.cluster.shaped for a in ("--dev", f"{label}={ns}:{dev}")]
+            with open(os.path.join(self.out_dir, "queue-sampler.log"), "w") as log:
+                self.cluster.spawn_in(self.cluster.bridge_ns,
+                                      [me, "-m", "netsense.shaping.queue", "--clock", self.clock,
+                                       "--out", os.path.join(self.out_dir, "queue.csv"), *devs], stderr=log)
         if self.flows:
             c = self.cluster
             c.spawn_in(c.cross_ns(1), [me, "-m", "netsense.testbed.cross", "recv", str(CROSS_PORT), self.clock,
@@ -63,9 +61,8 @@ class Observers:
 
 
 def queue_samples(out_dir: str) -> list[dict]:
-    """Rows of every queue CSV of a run (queue.csv, or queue-<k>.csv per namespace)."""
-    names = sorted(n for n in os.listdir(out_dir) if n.startswith("queue") and n.endswith(".csv"))
-    return [r for n in names for r in read_rows(os.path.join(out_dir, n)) if r["t"] != ""]
+    """queue.csv's rows taken while the training clock ran."""
+    return [r for r in read_rows(os.path.join(out_dir, "queue.csv")) if r["t"] != ""]
 
 
 def cross_samples(out_dir: str) -> list[dict]:

@@ -148,15 +148,16 @@ class LocalCluster:
         return f"br{i % 2}" if self.topology == "shared" else "br0"
 
     @property
-    def shaped(self) -> list[tuple[str, str]]:
-        """(namespace, device) of every shaped link, for the queue samplers."""
+    def shaped(self) -> list[tuple[str, str, str]]:
+        """(label, namespace, device) of every shaped link: up0 (rack A -> B) and up1 on the shared topology;
+        h<i> (host i's uplink) and h<i>-down (its downlink, direction both) per host."""
         if self.profile is None:
             return []
         if self.topology == "shared":
-            return [(self.bridge_ns, "up0"), (self.bridge_ns, "up1")]
-        links = [(self.host_ns(i), "eth0") for i in range(self.hosts)]
+            return [("up0", self.bridge_ns, "up0"), ("up1", self.bridge_ns, "up1")]
+        links = [(f"h{i}", self.host_ns(i), "eth0") for i in range(self.hosts)]
         if self.direction == "both":
-            links += [(self.bridge_ns, f"h{i}") for i in range(self.hosts)]
+            links += [(f"h{i}-down", self.bridge_ns, f"h{i}") for i in range(self.hosts)]
         return links
 
     @property
@@ -202,9 +203,8 @@ class LocalCluster:
             return
         imp = self.profile.impairments
         # Delay and loss once per direction of a path: not again on a host's downlink (direction both).
-        once = [(ns, dev) for ns, dev in self.shaped if self.topology == "shared" or ns != br]
-        links = [TcLink(dev, netns=ns, **({"impairments": imp} if imp.any and (ns, dev) in once else {}))
-                 for ns, dev in self.shaped]
+        links = [TcLink(dev, netns=ns, **({"impairments": imp} if imp.any and not label.endswith("-down") else {}))
+                 for label, ns, dev in self.shaped]
         if self.topology == "shared":
             rates = {rate for _, rate in self.profile.points}
             if len(rates) > 1:  # the senders' GSO packets must fit the smallest bucket (netsense.shaping.tc)
