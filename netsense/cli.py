@@ -90,7 +90,7 @@ def _load_profile(args) -> dict:
 
 def cmd_shape(args) -> int:
     from netsense.shaping.profiles import build_profile
-    from netsense.shaping.queue import Link, link_summary, read_rows, start_sampler
+    from netsense.shaping.queue import Link, Sampler
     from netsense.shaping.shaper import ProfileFollower
     from netsense.shaping.tc import TcLink
 
@@ -101,12 +101,12 @@ def cmd_shape(args) -> int:
     if args.direction in ("ingress", "both"):
         links.append(TcLink(args.dev, ingress=True, impairments=profile.impairments))
     follower = ProfileFollower(profile, links, epoch=args.epoch, start_file=args.start_file)
-    stop_sampling = None
+    sampler = None
     try:
         follower.start_shaping()
-        if args.queue_csv and not args.once:
-            stop_sampling = start_sampler([Link(link.shaped_dev, link.shaped_dev) for link in links], args.queue_csv,
-                                          args.start_file)
+        if (args.queue_csv or args.queue_summary) and not args.once:
+            sampler = Sampler([Link(link.shaped_dev, link.shaped_dev) for link in links], args.start_file,
+                              args.queue_csv, args.queue_summary).start()
         if args.ready_file:
             with open(args.ready_file, "w") as fh:
                 fh.write("shaped\n")
@@ -114,9 +114,9 @@ def cmd_shape(args) -> int:
             return 0
         follower.follow()
     finally:
-        if stop_sampling:
-            stop_sampling()
-            print(json.dumps({"event": "queue", "links": link_summary(read_rows(args.queue_csv))}), flush=True)
+        if sampler:
+            sampler.stop()
+            print(json.dumps({"event": "queue", "links": sampler.summary()}), flush=True)
         if not args.once:
             follower.stop(teardown=True)
             print(json.dumps({"event": "unshaped", "devs": [link.shaped_dev for link in links]}), flush=True)
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue-csv", metavar="PATH",
                    help="sample the shaped queue (backlog, queueing delay, drops) every 10 ms into PATH, on the "
                         "training clock of --start-file; print its summary on exit")
+    s.add_argument("--queue-summary", metavar="PATH",
+                   help="keep the queue's summary (delay percentiles, drops) in PATH, rewritten every 5 s")
     s.set_defaults(fn=cmd_shape)
 
     s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)")

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from netsense.shaping.profiles import build_profile
+from netsense.shaping.queue import DelayHistogram, LinkStats
 from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import qdiscs
 from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
@@ -94,18 +95,26 @@ def test_summary_puts_each_steps_worst_queue_drops_and_cross_rate_into_the_timel
                [0.9, "up0", 125000, 80, 20.0, 7, 0, 50], [1.2, "up0", 0, 0, 0.0, 7, 0, 50]])
     write_csv(tmp_path / "cross_traffic.csv", ["t", "flow", "bytes", "mbit"],
               [[0.1, "bulk0-0", 0, 0.0], [1.05, "bulk0-0", 250000, 20.0], [1.55, "bulk0-0", 125000, 10.0]])
-    flows = [Flow("bulk0-0", start=1.0)]
-    summary = summarize(str(tmp_path), flows)
+    (tmp_path / "queue-summary.json").write_text(json.dumps({"links": {"up0": {"drops": 4}}}))
+    summary = summarize(str(tmp_path), [Flow("bulk0-0", start=1.0)])
     with open(tmp_path / "timeline.csv") as fh:
         steps = list(csv.DictReader(fh))
     assert [s["queue_delay_max_ms"] for s in steps] == ["10.0", "20.0", "0.0"]
     assert [s["drops"] for s in steps] == ["0", "4", "0"]
     assert [s["cross_mbit"] for s in steps] == ["0", "20.0", "10.0"]  # no cross sample near 0.5 s: none
-    up0 = summary["links"]["up0"]
-    assert up0["drops"] == 4 and up0["queue_delay_max_ms"] == 20.0 and up0["seconds"] == 1.0
-    # Time-weighted: 0 ms held 0.2 s, 10 ms 0.5 s, 20 ms 0.3 s (the last row holds until nothing follows).
-    assert up0["queue_delay_p50_ms"] == 10.0 and up0["queue_delay_p99_ms"] == 20.0
+    assert summary["links"] == {"up0": {"drops": 4}}  # the sampler's own summary
     assert summary["cross_traffic"]["bulk0-0"] == {"mean_mbit_when_on": 15.0, "bytes": 375000}
+
+
+def test_the_queue_summary_weighs_each_delay_by_how_long_it_held_on_the_training_clock():
+    link = LinkStats(DelayHistogram(), first_drops=3)
+    for t, delay, drops in [(0.0, 0.0, 3), (0.2, 10.0, 3), (0.7, 20.0, 7), (1.0, 0.0, 7), (1.0, 500.0, 7)]:
+        link.add(t, delay, drops)  # the last sample came while the clock stood (evaluation): it weighs nothing
+    s = link.summary()
+    assert s["seconds"] == 1.0 and s["drops"] == 4
+    assert s["queue_delay_p50_ms"] == pytest.approx(10.0, rel=0.02)  # 0 ms 0.2 s, 10 ms 0.5 s, 20 ms 0.3 s
+    assert s["queue_delay_p99_ms"] == pytest.approx(20.0, rel=0.02)
+    assert s["queue_delay_max_ms"] == 20.0
 
 
 # ---- on the testbed (root) ---------------------------------------------------------------------------------------
@@ -150,9 +159,10 @@ def test_two_equal_flows_share_the_shared_link_roughly_evenly(nothing_left_behin
     assert 1 / 3 <= ra / (ra + rb) <= 2 / 3, f"unequal shares: {ra / MBIT:.1f} vs {rb / MBIT:.1f} Mbit"
 
 
-def sample_queue(c: LocalCluster, out: str, clock: str) -> subprocess.Popen:
-    return c.spawn_in(c.bridge_ns, [sys.executable, "-m", "netsense.shaping.queue", "--dev", "up0",
-                                    "--clock", clock, "--out", out])
+def sample_queue(c: LocalCluster, out_dir: str, clock: str) -> subprocess.Popen:
+    return c.spawn_in(c.bridge_ns, [sys.executable, "-m", "netsense.shaping.queue", "--dev", "up0", "--clock", clock,
+                                    "--out", os.path.join(out_dir, "queue.csv"),
+                                    "--summary", os.path.join(out_dir, "queue-summary.json")])
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -171,10 +181,10 @@ def test_the_queue_builds_and_drops_when_the_link_is_oversubscribed_and_stays_em
     os.makedirs(quiet)
     os.makedirs(busy)
     with LocalCluster(2, build_profile({"type": "static", "rate": "20Mbit"}), topology="shared") as c:
-        sampler = sample_queue(c, os.path.join(quiet, "queue.csv"), clock)
+        sampler = sample_queue(c, quiet, clock)
         payload_rates(c, [3000], reps=30)  # two frames every 100 ms: 0.5 Mbit/s of a 20 Mbit/s link
         stop(sampler)
-        sampler = sample_queue(c, os.path.join(busy, "queue.csv"), clock)
+        sampler = sample_queue(c, busy, clock)
         bulk_result(start_bulk(c, 4, cc="cubic"))  # loss-based TCP fills any queue until it drops (BBR need not)
         stop(sampler)
     q, b = summarize(quiet, [])["links"]["up0"], summarize(busy, [])["links"]["up0"]

@@ -18,7 +18,10 @@ READY_FILE = "/tmp/netsense-shaped"
 # time training starts, and the shaper starts the profile's clock there.
 RUN_DIR = "/run/netsense"
 START_FILE = f"{RUN_DIR}/profile-start"
-QUEUE_CSV = f"{RUN_DIR}/queue.csv"  # the shaper samples its queue here; the trainer (rank 0) summarizes it
+# The shaper keeps its queue's summary in the shared emptyDir (a few kB) for rank 0's result, and the
+# samples themselves (~20 MB an hour) in its own filesystem, for `kubectl exec ... -c shaper cat`.
+QUEUE_SUMMARY = f"{RUN_DIR}/queue.json"
+QUEUE_CSV = "/tmp/netsense-queue.csv"
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 LABEL_JOB = "netsense.dev/job"
 LABEL_ATTEMPT = "netsense.dev/attempt"
@@ -73,7 +76,8 @@ def _shaper(job: Job) -> dict:
         "restartPolicy": "Always",
         "command": ["netsense", "shape", "--dev", net["interface"], "--profile-json",
                     json.dumps(net["profile"], separators=(",", ":")), "--direction", net["direction"],
-                    "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV],
+                    "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV,
+                    "--queue-summary", QUEUE_SUMMARY],
         "volumeMounts": [RUN_VOLUME],
         "securityContext": {
             "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
@@ -102,7 +106,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
     }
     if net.get("profile"):
         # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
-        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_CSV": QUEUE_CSV,
+        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_SUMMARY": QUEUE_SUMMARY,
                     "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
                     "GLOO_SOCKET_IFNAME": net["interface"]})
     trainer = {

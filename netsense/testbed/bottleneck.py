@@ -6,9 +6,9 @@ every 10 ms into queue.csv) and the cross traffic (netsense.testbed.cross:
 each flow's goodput into cross_traffic.csv). Both run on the training clock
 and die with the cluster. After the run, ``summarize`` adds to each step of
 timeline.csv the worst queueing delay and the drops during it and the cross
-traffic's rate, and to result.json a ``bottleneck`` summary: queueing delay
-percentiles (weighted by how long each value held, on the training clock) and drops, per link; each cross
-flow's mean goodput while it was on.
+traffic's rate, and to result.json a ``bottleneck`` summary: the sampler's
+per-link queueing delay percentiles (weighted by how long each delay held, on
+the training clock) and drops; each cross flow's mean goodput while it was on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import statistics
 import sys
 from dataclasses import asdict
 
-from netsense.shaping.queue import link_summary, read_rows
+from netsense.shaping.queue import read_rows, read_summary
 from netsense.testbed.bulk import available_congestion_control
 from netsense.testbed.cluster import LocalCluster, TestbedError
 from netsense.testbed.cross import BIN_S, Flow, flows_from_spec
@@ -50,7 +50,9 @@ class Observers:
             with open(os.path.join(self.out_dir, "queue-sampler.log"), "w") as log:
                 self.cluster.spawn_in(self.cluster.bridge_ns,
                                       [me, "-m", "netsense.shaping.queue", "--clock", self.clock,
-                                       "--out", os.path.join(self.out_dir, "queue.csv"), *devs], stderr=log)
+                                       "--out", os.path.join(self.out_dir, "queue.csv"),
+                                       "--summary", os.path.join(self.out_dir, "queue-summary.json"), *devs],
+                                      stderr=log)
         if self.flows:
             c = self.cluster
             c.spawn_in(c.cross_ns(1), [me, "-m", "netsense.testbed.cross", "recv", str(CROSS_PORT), self.clock,
@@ -78,7 +80,7 @@ def summarize(out_dir: str, flows: list[Flow]) -> dict:
     steps = read_rows(timeline_path)
     if steps and (queue or cross):
         _add_step_columns(timeline_path, steps, queue, cross)
-    summary: dict = {"links": link_summary(queue)}
+    summary: dict = {"links": read_summary(os.path.join(out_dir, "queue-summary.json"))}
     if flows:
         summary["cross_traffic"] = {}
         for f in flows:

@@ -6,8 +6,8 @@ NETSENSE_JOB (the NetSenseJob as JSON), NETSENSE_PROFILE_START_FILE (where this
 rank publishes its training clock for its shaper: the profile runs on the clock
 that time to accuracy is measured on, see netsense.shaping.shaper), NETSENSE_OUT
 (directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
-compact result, e.g. the pod's termination message), NETSENSE_QUEUE_CSV (where
-this pod's shaper samples its queue: rank 0's result summarizes it) and
+compact result, e.g. the pod's termination message), NETSENSE_QUEUE_SUMMARY
+(where this pod's shaper keeps its queue's summary: rank 0's result carries it) and
 NETSENSE_TIMEOUT (collective timeout in seconds: a dead peer ends the run, never
 a hang).
 
@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from netsense import units
 from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
-from netsense.shaping.queue import link_summary, read_rows
+from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, parse_spec
 from netsense.train.data import ShardedBatches, load_dataset
@@ -344,8 +344,8 @@ def worker_main() -> int:
             except Exception:
                 pass
     if rank == 0:
-        queue_csv = os.environ.get("NETSENSE_QUEUE_CSV")  # on a cluster: this pod's shaped uplink
-        if queue_csv and (links := link_summary(read_rows(queue_csv))):
+        summary = os.environ.get("NETSENSE_QUEUE_SUMMARY")  # on a cluster: this pod's shaped link(s)
+        if summary and (links := read_summary(summary)):
             result["bottleneck"] = {"links": links}
         out = os.environ.get("NETSENSE_OUT")
         if out:
