@@ -74,7 +74,9 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
     job = kube.create_job(ns, "gang", quick_spec(workers=3))
     pods = wait_for(lambda: len(kube.pods(ns, "gang")) == 3 and kube.pods(ns, "gang"), what="3 pods")
     svc = kube.core.read_namespaced_service("gang-rdzv", ns)
-    assert svc.spec.cluster_ip == "None" and svc.spec.selector == {"netsense.dev/job": "gang", "netsense.dev/rank": "0"}
+    uid = job["metadata"]["uid"]
+    assert svc.spec.cluster_ip == "None" and svc.spec.selector == {"netsense.dev/job-uid": uid,
+                                                                   "netsense.dev/rank": "0"}
     for rank, pod in enumerate(pods):
         assert pod.metadata.name == f"gang-a0-w{rank}"
         assert pod.metadata.owner_references[0].uid == job["metadata"]["uid"]
@@ -119,6 +121,85 @@ def test_an_operator_restart_creates_no_duplicates(kube, ns, operator_kubeconfig
         assert [p.metadata.name for p in kube.pods(ns, "restart")] == names
     finally:
         second.stop()
+
+
+def events_of(kube, ns: str, name: str) -> list:
+    return kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+
+
+def test_a_job_recreated_under_the_same_name_never_adopts_its_predecessors_pods(kube, ns, operator):
+    """No garbage collector runs here (no controller-manager), as on a cluster where it is slow: the old
+    job's pods and Service outlive it. The new job must neither count them nor rendezvous through them."""
+    old = kube.create_job(ns, "again", quick_spec())
+    old_pods = wait_for(lambda: len(kube.pods(ns, "again")) == 2 and kube.pods(ns, "again"), what="pods")
+    for pod in old_pods:
+        kube.set_pod_phase(ns, pod.metadata.name, "Running")
+    wait_for(lambda: kube.status(ns, "again").get("phase") == "Running", what="Running")
+    kube.custom.delete_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", "again")
+
+    def gone() -> bool:
+        try:
+            kube.job(ns, "again")
+        except client.ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(gone, what="the old job deleted")
+    new = kube.create_job(ns, "again", quick_spec())
+    uid = new["metadata"]["uid"]
+    assert uid != old["metadata"]["uid"]
+
+    def owned() -> list:
+        pods = kube.pods(ns, "again")
+        return len(pods) == 2 and all(p.metadata.owner_references[0].uid == uid for p in pods) and pods
+
+    pods = wait_for(owned, what="the new job's own pods")
+    assert all(p.metadata.labels["netsense.dev/job-uid"] == uid for p in pods)
+    assert all(p.status.phase in (None, "Pending") for p in pods), "a pod of the old job was taken over"
+    st = kube.status(ns, "again")
+    assert st["phase"] == "Pending" and st["workers"]["running"] == 0
+    svc = wait_for(lambda: (s := kube.core.read_namespaced_service("again-rdzv", ns))
+                   .metadata.owner_references[0].uid == uid and s, what="the new job's own service")
+    assert svc.spec.selector["netsense.dev/job-uid"] == uid
+
+
+def test_a_pod_of_an_attempt_that_is_not_current_is_deleted(kube, ns, operator):
+    """What an operator that died between creating a gang and recording it would leave behind."""
+    job = kube.create_job(ns, "stray", quick_spec())
+    pods = wait_for(lambda: len(kube.pods(ns, "stray")) == 2 and kube.pods(ns, "stray"), what="pods")
+    stray = kube.core.api_client.sanitize_for_serialization(pods[0])
+    stray["metadata"] = {"name": "stray-a7-w0", "labels": {**stray["metadata"]["labels"], "netsense.dev/attempt": "7"},
+                         "ownerReferences": stray["metadata"]["ownerReferences"]}
+    stray.pop("status", None)
+    kube.core.create_namespaced_pod(ns, stray)
+    wait_for(lambda: [p.metadata.name for p in kube.pods(ns, "stray")] == ["stray-a0-w0", "stray-a0-w1"],
+             what="the stray attempt deleted")
+    assert kube.status(ns, "stray")["attempt"] == 0 and job["metadata"]["uid"]
+
+
+def test_the_job_tells_its_story_in_events_and_conditions(kube, ns, operator):
+    kube.create_job(ns, "story", quick_spec(runPolicy={"backoffLimit": 1}))
+    first = wait_for(lambda: len(kube.pods(ns, "story", 0)) == 2 and kube.pods(ns, "story", 0), what="attempt 0")
+    wait_for(lambda: any(e.reason == "GangCreated" for e in events_of(kube, ns, "story")), what="GangCreated")
+    kube.set_pod_phase(ns, first[0].metadata.name, "Failed", message="rank 0: boom", exit_code=1)
+    second = wait_for(lambda: len(kube.pods(ns, "story", 1)) == 2 and kube.pods(ns, "story", 1), what="attempt 1")
+    restarting = wait_for(lambda: [e for e in events_of(kube, ns, "story") if e.reason == "Restarting"],
+                          what="a Restarting event")
+    assert restarting[0].type == "Warning" and "boom" in restarting[0].message
+    for pod in second:
+        kube.set_pod_phase(ns, pod.metadata.name, "Running")
+
+    def condition(kind: str) -> dict:
+        return next((c for c in kube.status(ns, "story").get("conditions", []) if c["type"] == kind), {})
+
+    wait_for(lambda: condition("Running").get("status") == "True", what="Running")
+    assert condition("Restarting")["status"] == "False", "Restarting stayed True after the new gang ran"
+    for pod in second:
+        kube.set_pod_phase(ns, pod.metadata.name, "Succeeded")
+    wait_for(lambda: kube.status(ns, "story").get("phase") == "Succeeded", what="Succeeded")
+    assert condition("Running")["status"] == "False"
+    wait_for(lambda: any(e.reason == "Completed" and e.type == "Normal" for e in events_of(kube, ns, "story")),
+             what="a Completed event")
 
 
 def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, operator):

@@ -72,35 +72,68 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.server_timeout = int(os.environ.get("NETSENSE_WATCH_TIMEOUT", "120"))
 
 
-def _create(kind: str, body: dict, namespace: str) -> None:
+class NameTaken(Exception):
+    """An object the job needs exists under its name and belongs to something else."""
+
+
+def _read(kind: str, name: str, namespace: str) -> dict:
+    obj = (core().read_namespaced_service if kind == "Service" else core().read_namespaced_pod)(name, namespace)
+    return core().api_client.sanitize_for_serialization(obj)
+
+
+def _delete(kind: str, name: str, namespace: str) -> None:
+    try:
+        if kind == "Service":
+            core().delete_namespaced_service(name, namespace)
+        else:
+            core().delete_namespaced_pod(name, namespace, grace_period_seconds=5)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
+    """Create, idempotently: an object of this job already there is fine. One left by an earlier job of the
+    same name (deleted, its objects not yet collected) is deleted and created again on a later pass; one that
+    is not a NetSenseJob's at all is a NameTaken."""
+    name = body["metadata"]["name"]
     try:
         if kind == "Service":
             core().create_namespaced_service(namespace, body)
         else:
             core().create_namespaced_pod(namespace, body)
+        return
     except ApiException as e:
-        if e.status != 409:  # already there: idempotent
-            raise kopf.TemporaryError(f"creating {kind} {body['metadata']['name']}: {e.reason}", delay=5) from e
+        if e.status != 409:
+            raise kopf.TemporaryError(f"creating {kind} {name}: {e.reason}", delay=5) from e
+    try:
+        owner = res.controller_uid(_read(kind, name, namespace))
+    except ApiException as e:
+        if e.status == 404:  # gone meanwhile: create it on the next pass
+            raise kopf.TemporaryError(f"{kind} {name} vanished while checking it", delay=1) from e
+        raise
+    if owner == uid:
+        return
+    if owner is None:
+        raise NameTaken(f"{kind} {name} exists and does not belong to a NetSenseJob")
+    _delete(kind, name, namespace)
+    raise kopf.TemporaryError(f"{kind} {name} was left by an earlier job of the same name; replacing it", delay=2)
 
 
 def _delete_pods(namespace: str, pods: list[dict]) -> None:
     for pod in pods:
-        try:
-            core().delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=5)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        _delete("Pod", pod["metadata"]["name"], namespace)
 
 
-def _list_pods(namespace: str, name: str, attempt: int | None = None) -> list[dict]:
-    selector = f"{res.LABEL_JOB}={name}" + (f",{res.LABEL_ATTEMPT}={attempt}" if attempt is not None else "")
-    pods = core().list_namespaced_pod(namespace, label_selector=selector).items
+def _list_pods(namespace: str, uid: str) -> list[dict]:
+    """Every pod of this job (all attempts), by its UID."""
+    pods = core().list_namespaced_pod(namespace, label_selector=f"{res.LABEL_JOB_UID}={uid}").items
     return [core().api_client.sanitize_for_serialization(p) for p in pods]
 
 
-def _create_gang(job: Job, namespace: str, uid: str, attempt: int) -> None:
-    for rank in range(job.workers):
-        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt), namespace)
+def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
+    for rank in range(job.workers) if ranks is None else ranks:
+        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt), namespace, uid)
 
 
 def _invalid(patch: kopf.Patch, message: str) -> None:
@@ -108,9 +141,15 @@ def _invalid(patch: kopf.Patch, message: str) -> None:
                         conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", message))
 
 
+def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:
+    patch.status.update(phase=st.FAILED, reason=reason, message=message, completionTime=st.now_iso(),
+                        conditions=st.set_condition(None, "Failed", "True", reason, message))
+    kopf.warn(body, reason=reason, message=message)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch,
+def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
           logger: logging.Logger, **_) -> None:
     if status.get("phase"):
         return  # already started: the timer carries on (operator restart)
@@ -119,10 +158,16 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
         check_cluster(job)
     except SpecError as e:
         _invalid(patch, str(e))
+        kopf.warn(body, reason="InvalidSpec", message=str(e))
         logger.warning(f"invalid spec: {e}")
         return
-    _create("Service", res.service(job, namespace, uid), namespace)
-    _create_gang(job, namespace, uid, 0)
+    try:
+        _create("Service", res.service(job, namespace, uid), namespace, uid)
+        _create_gang(job, namespace, uid, 0)
+    except NameTaken as e:
+        _fail_early(patch, body, "NameTaken", str(e))
+        return
+    kopf.info(body, reason="GangCreated", message=f"{job.workers} worker pod(s) and the rendezvous service")
     patch.status.update(
         phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(),
         appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
@@ -173,7 +218,7 @@ def _needs_reconcile(status: dict, **_) -> bool:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
-def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch,
+def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
               logger: logging.Logger, **_) -> None:
     phase = status.get("phase")
     if phase in st.FINISHED:
@@ -188,7 +233,13 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                                       "the spec of a started job cannot change; it keeps running as created "
                                       "(delete and re-create the job to apply the change)")
     attempt = int(status.get("attempt", 0))
-    pods = _list_pods(namespace, name, attempt)
+    pods = []
+    for pod in _list_pods(namespace, uid):
+        # A pod of another attempt is a leftover of a restart (or of one cut short by an operator crash).
+        if pod["metadata"]["labels"].get(res.LABEL_ATTEMPT) == str(attempt):
+            pods.append(pod)
+        elif not pod["metadata"].get("deletionTimestamp"):
+            _delete("Pod", pod["metadata"]["name"], namespace)
     by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
@@ -204,6 +255,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                             conditions=st.set_condition(
                                 st.set_condition(conditions, "Running", "False", reason, message),
                                 final_phase, "True", reason, message))
+        (kopf.info if final_phase == st.SUCCEEDED else kopf.warn)(body, reason=reason, message=message)
 
     deadline = job.run_policy.get("activeDeadlineSeconds")
     if deadline and time.time() - st.parse_iso(status["startTime"]) > deadline:
@@ -220,18 +272,28 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
     if failure_text:
         restarts = int(status.get("restarts", 0))
         if restarts < job.run_policy["backoffLimit"]:
-            _delete_pods(namespace, pods)
-            _create_gang(job, namespace, uid, attempt + 1)
+            # Only the next attempt goes to status now; the next pass deletes this attempt's pods (they are
+            # no longer current) and creates the new gang. An operator that dies in between finds the same
+            # state again: no gang is ever created that status does not name.
             msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
             logger.warning(msg)
+            kopf.warn(body, reason="Restarting", message=msg)
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
-                                conditions=st.set_condition(conditions, "Restarting", "True", "WorkerFailed", msg))
+                                conditions=st.set_condition(
+                                    st.set_condition(conditions, "Running", "False", "WorkerFailed", msg),
+                                    "Restarting", "True", "WorkerFailed", msg))
         else:
             finish(st.FAILED, "BackoffLimitExceeded",
                    f"{failure_text} (backoffLimit {job.run_policy['backoffLimit']} reached)", pods)
         return
-    if missing:
-        _create_gang(job, namespace, uid, attempt)  # 409 for those present
+    try:
+        if phase == st.PENDING:  # the rendezvous matters until the gang runs: a deleted one comes back
+            _create("Service", res.service(job, namespace, uid), namespace, uid)
+        if missing:
+            _create_gang(job, namespace, uid, attempt, missing)
+    except NameTaken as e:
+        finish(st.FAILED, "NameTaken", str(e), pods)
+        return
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
         result = st.result_of(by_rank[0])
         if result:
@@ -243,6 +305,9 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         if phase != st.RUNNING:
             conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
                                           f"{job.workers} worker(s) running")
+            if int(status.get("restarts", 0)):
+                conditions = st.set_condition(conditions, "Restarting", "False", "GangRunning",
+                                              f"attempt {attempt} running")
         _update(patch, status, phase=st.RUNNING)
         progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
         if progress:

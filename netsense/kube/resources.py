@@ -24,8 +24,19 @@ QUEUE_SUMMARY = f"{RUN_DIR}/queue.json"
 QUEUE_CSV = "/tmp/netsense-queue.csv"
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 LABEL_JOB = "netsense.dev/job"
+# Selection is by the job's UID: a job deleted and re-created under the same name is another job, and
+# must never count (or rendezvous with) pods its predecessor left for the garbage collector.
+LABEL_JOB_UID = "netsense.dev/job-uid"
 LABEL_ATTEMPT = "netsense.dev/attempt"
 LABEL_RANK = "netsense.dev/rank"
+
+
+def controller_uid(obj: dict) -> str | None:
+    """The UID of the object's controlling NetSenseJob (None if a NetSenseJob does not control it)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND:
+            return ref.get("uid")
+    return None
 
 
 def owner_reference(name: str, uid: str) -> dict:
@@ -41,8 +52,9 @@ def pod_name(job: str, attempt: int, rank: int) -> str:
     return f"{job}-a{attempt}-w{rank}"
 
 
-def labels(job: str, attempt: int | None = None, rank: int | None = None) -> dict[str, str]:
-    out = {"app.kubernetes.io/name": "netsense", "app.kubernetes.io/component": "worker", LABEL_JOB: job}
+def labels(job: str, uid: str, attempt: int | None = None, rank: int | None = None) -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "netsense", "app.kubernetes.io/component": "worker", LABEL_JOB: job,
+           LABEL_JOB_UID: uid}
     if attempt is not None:
         out[LABEL_ATTEMPT] = str(attempt)
     if rank is not None:
@@ -53,13 +65,13 @@ def labels(job: str, attempt: int | None = None, rank: int | None = None) -> dic
 def service(job: Job, namespace: str, uid: str) -> dict:
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": service_name(job.name), "namespace": namespace, "labels": labels(job.name),
+        "metadata": {"name": service_name(job.name), "namespace": namespace, "labels": labels(job.name, uid),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": {
             "clusterIP": "None",
             # Rank 0 must be resolvable before it is Ready: the others connect while it starts.
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB: job.name, LABEL_RANK: "0"},
+            "selector": {LABEL_JOB_UID: uid, LABEL_RANK: "0"},
             "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}],
         },
     }
@@ -136,7 +148,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
-                     "labels": labels(job.name, attempt, rank),
+                     "labels": labels(job.name, uid, attempt, rank),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": spec,
     }
