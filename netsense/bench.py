@@ -28,6 +28,7 @@ from the job's status.
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import math
 import os
@@ -167,6 +168,17 @@ def worst_queue_p99(result: dict) -> float | None:
     return max((link["queue_delay_p99_ms"] for link in links.values()), default=None)
 
 
+def step_queue_delay(result: dict) -> float | None:
+    """The median over steps of each step's worst queueing delay (ms): what a typical step does to the queue,
+    where the p99 over the run also weighs the dense warm-up (from the cell's timeline.csv; local runs)."""
+    path = result.get("timeline")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        worst = [float(r["queue_delay_max_ms"]) for r in csv.DictReader(fh) if r.get("queue_delay_max_ms")]
+    return statistics.median(worst) if worst else None
+
+
 def bottleneck_drops(result: dict) -> int | None:
     links = (result.get("bottleneck") or {}).get("links") or {}
     return sum(link["drops"] for link in links.values()) if links else None
@@ -203,6 +215,7 @@ def summarize(results: list[dict]) -> list[dict]:
             "bytes_per_step": _mean([r["bytes_sent_per_worker"] / r["steps"] for r in runs if r.get("steps")]),
             "selection_ms": _mean([r["selection_ms_mean"] for r in runs if r.get("selection_ms_mean") is not None]),
             "queue_p99_ms": _mean([q for q in map(worst_queue_p99, runs) if q is not None]),
+            "step_queue_ms": _mean([q for q in map(step_queue_delay, runs) if q is not None]),
             "drops": _mean([d for d in map(bottleneck_drops, runs) if d is not None]),
             "cross_mbit": _mean([x for x in map(cross_goodput, runs) if x is not None]),
             "failed": len(row["runs"]) - len(runs),
@@ -232,8 +245,9 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
              "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
              "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
-             "worst shaped link (time-weighted), drops = packets its queue dropped, cross = the cross "
-             "traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
+             "worst shaped link (time-weighted, so the dense warm-up step weighs in), step queue = the median "
+             "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
+             "cross traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
     if ceiling:
         each = f" (before and after the cells: {' and '.join(f'{c:.0f}' for c in ceilings)})" \
             if ceilings and len(ceilings) > 1 else ""
@@ -242,9 +256,9 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
                   "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
-                  "| density | MB/step | selection ms | queue p99 ms | drops | cross Mbit/s |",
+                  "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
                   "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                  "| ---: | ---: | ---: |"]
+                  "| ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {_fmt(r['tta_mean_s'])} | {_fmt(r['tta_std_s'])} | "
@@ -255,6 +269,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                              f"{_fmt(r['mean_density'], 4)} | "
                              f"{_fmt(r['bytes_per_step'] / 1e6 if r['bytes_per_step'] is not None else None, 3)} | "
                              f"{_fmt(r['selection_ms'], 1)} | {_fmt(r.get('queue_p99_ms'), 1)} | "
+                             f"{_fmt(r.get('step_queue_ms'), 1)} | "
                              f"{_fmt(r.get('drops'), 0)} | {_fmt(r.get('cross_mbit'), 1)} |")
         lines.append("")
     return "\n".join(lines)

@@ -182,8 +182,10 @@ class Trainer:
         """Agree on when training starts (rank 0's clock) and start the profile there.
 
         Every rank writes the time to its shaper's start file; until then the
-        shapers hold the profile's first step (see netsense.shaping.shaper)."""
-        if self.profile is None:
+        shapers hold the profile's first step (see netsense.shaping.shaper).
+        Locally the clock is published even without a profile: the queue
+        sampler and the cross traffic run on it too."""
+        if self.profile is None and not self.start_file:
             return
         now = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
         if self.world > 1:
@@ -256,6 +258,7 @@ class Trainer:
                     break
             s.epoch += 1
         self.hook.finish()
+        self._stop_clock()  # training is over: the profile, the cross traffic and the queue's summary stop here
         if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
             self._evaluate()
         return self._result(samples_per_step, time.perf_counter() - start)
