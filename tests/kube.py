@@ -45,6 +45,16 @@ class Kube:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "NetSenseJob", "metadata": {"name": name}, "spec": spec}
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
+    def delete_jobs(self, ns: str) -> None:
+        """Every NetSenseJob of a namespace: a job left Pending is reconciled for the rest of the session, and 50
+        of them took enough CPU to fail later timing-sensitive tests (no namespace controller runs here)."""
+        for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+            try:
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job["metadata"]["name"])
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+
     def job(self, ns: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 

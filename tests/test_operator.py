@@ -27,7 +27,9 @@ def quick_spec(**over) -> dict:
 
 @pytest.fixture
 def ns(kube):
-    return kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
+    name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
+    yield name
+    kube.delete_jobs(name)
 
 
 def env_of(container) -> dict:
@@ -156,7 +158,7 @@ def test_a_job_recreated_under_the_same_name_never_adopts_its_predecessors_pods(
     pods = wait_for(owned, what="the new job's own pods")
     assert all(p.metadata.labels["netsense.dev/job-uid"] == uid for p in pods)
     assert all(p.status.phase in (None, "Pending") for p in pods), "a pod of the old job was taken over"
-    st = kube.status(ns, "again")
+    st = wait_for(lambda: (s := kube.status(ns, "again")).get("phase") and s, what="a phase")
     assert st["phase"] == "Pending" and st["workers"]["running"] == 0
     svc = wait_for(lambda: (s := kube.core.read_namespaced_service("again-rdzv", ns))
                    .metadata.owner_references[0].uid == uid and s, what="the new job's own service")
@@ -307,8 +309,11 @@ def test_fifty_jobs_at_once_all_get_pods_and_a_phase_within_60s(kube, operator):
         phased = sum(1 for j in jobs if (j.get("status") or {}).get("phase"))
         return phased == 50 and len(pods) == 50
 
-    wait_for(all_started, timeout=60, interval=1, what="50 jobs with pods and a phase")
-    assert time.monotonic() - start < 60
+    try:
+        wait_for(all_started, timeout=60, interval=1, what="50 jobs with pods and a phase")
+        assert time.monotonic() - start < 60
+    finally:
+        kube.delete_jobs(ns)
 
 
 def test_the_status_shows_the_first_profile_step_until_training_starts():

@@ -64,7 +64,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
     settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
     settings.execution.max_workers = 32
-    settings.posting.level = logging.WARNING
+    settings.posting.level = logging.WARNING  # kopf's own log lines as events; ours go through kopf.event
     # The timer deletes a job once its TTL passes, so the deletion arrives while that
     # timer still runs; kopf re-checks a running timer before dropping its finalizer
     # only every cancellation_polling seconds (default 60).
@@ -144,7 +144,7 @@ def _invalid(patch: kopf.Patch, message: str) -> None:
 def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:
     patch.status.update(phase=st.FAILED, reason=reason, message=message, completionTime=st.now_iso(),
                         conditions=st.set_condition(None, "Failed", "True", reason, message))
-    kopf.warn(body, reason=reason, message=message)
+    kopf.event(body, type="Warning", reason=reason, message=message)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -158,7 +158,7 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
         check_cluster(job)
     except SpecError as e:
         _invalid(patch, str(e))
-        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=str(e))
         logger.warning(f"invalid spec: {e}")
         return
     try:
@@ -167,7 +167,8 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
     except NameTaken as e:
         _fail_early(patch, body, "NameTaken", str(e))
         return
-    kopf.info(body, reason="GangCreated", message=f"{job.workers} worker pod(s) and the rendezvous service")
+    kopf.event(body, type="Normal", reason="GangCreated",
+               message=f"{job.workers} worker pod(s) and the rendezvous service")
     patch.status.update(
         phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(),
         appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
@@ -255,7 +256,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                             conditions=st.set_condition(
                                 st.set_condition(conditions, "Running", "False", reason, message),
                                 final_phase, "True", reason, message))
-        (kopf.info if final_phase == st.SUCCEEDED else kopf.warn)(body, reason=reason, message=message)
+        kopf.event(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
 
     deadline = job.run_policy.get("activeDeadlineSeconds")
     if deadline and time.time() - st.parse_iso(status["startTime"]) > deadline:
@@ -277,7 +278,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             # state again: no gang is ever created that status does not name.
             msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
             logger.warning(msg)
-            kopf.warn(body, reason="Restarting", message=msg)
+            kopf.event(body, type="Warning", reason="Restarting", message=msg)
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
                                 conditions=st.set_condition(
                                     st.set_condition(conditions, "Running", "False", "WorkerFailed", msg),

@@ -149,9 +149,10 @@ def bulk_result(handle) -> dict:
 
 
 def rate_between(out: dict, t0: float, t1: float) -> float:
-    """bits/s received between t0 and t1 (seconds since the receiver's start)."""
-    b = out["bins"][int(t0 / out["bin_s"]):int(t1 / out["bin_s"])]
-    return sum(b) * 8 / (len(b) * out["bin_s"])
+    """bits/s received between t0 and t1 (seconds since the receiver's start); bins after the last byte
+    arrived count as empty (a stalled link reads 0, not an error)."""
+    first, last = int(t0 / out["bin_s"]), int(t1 / out["bin_s"])
+    return sum(out["bins"][first:last]) * 8 / (max(1, last - first) * out["bin_s"])
 
 
 def best_second(out: dict, t0: float, t1: float) -> float:
