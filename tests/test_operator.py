@@ -204,6 +204,52 @@ def test_the_job_tells_its_story_in_events_and_conditions(kube, ns, operator):
              what="a Completed event")
 
 
+def condition_of(kube, ns: str, name: str, kind: str) -> dict:
+    return next((c for c in kube.status(ns, name).get("conditions", []) if c["type"] == kind), {})
+
+
+def test_a_suspended_job_has_no_pods_until_resumed_and_suspending_deletes_the_gang(kube, ns, operator):
+    kube.create_job(ns, "queued", quick_spec(suspend=True))
+    wait_for(lambda: kube.status(ns, "queued").get("phase") == "Suspended", what="Suspended")
+    time.sleep(1.5)
+    assert not kube.pods(ns, "queued")
+    patch = {"spec": {"suspend": False}}
+    kube.custom.patch_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", "queued", patch)
+    pods = wait_for(lambda: len(kube.pods(ns, "queued", 0)) == 2 and kube.pods(ns, "queued", 0), what="the gang")
+    st = kube.status(ns, "queued")
+    assert st["phase"] == "Pending" and st["restarts"] == 0
+    assert not condition_of(kube, ns, "queued", "SpecChangeRefused"), "suspend is the one field that may change"
+    for pod in pods:
+        kube.set_pod_phase(ns, pod.metadata.name, "Running")
+    wait_for(lambda: kube.status(ns, "queued").get("phase") == "Running", what="Running")
+    patch = {"spec": {"suspend": True}}
+    kube.custom.patch_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", "queued", patch)
+    wait_for(lambda: kube.status(ns, "queued").get("phase") == "Suspended" and not kube.pods(ns, "queued"),
+             what="suspended, the gang deleted")
+    assert condition_of(kube, ns, "queued", "Running")["status"] == "False"
+    patch = {"spec": {"suspend": False}}
+    kube.custom.patch_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", "queued", patch)
+    wait_for(lambda: len(kube.pods(ns, "queued", 1)) == 2, what="a new gang, attempt 1")
+    st = kube.status(ns, "queued")
+    assert st["attempt"] == 1 and st["restarts"] == 0 and st["phase"] == "Pending"
+    assert condition_of(kube, ns, "queued", "Suspended")["status"] == "False"
+
+
+def test_a_gang_that_cannot_start_says_why_and_fails_after_the_pending_timeout(kube, ns, operator):
+    kube.create_job(ns, "stuck", quick_spec(runPolicy={"pendingTimeoutSeconds": 4}))
+    pods = wait_for(lambda: len(kube.pods(ns, "stuck")) == 2 and kube.pods(ns, "stuck"), what="pods")
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image netsense/worker"}}
+    kube.core.patch_namespaced_pod_status(pods[1].metadata.name, ns, {"status": {"phase": "Pending", "containerStatuses": [
+        {"name": "trainer", "image": "netsense/worker", "imageID": "", "ready": False, "restartCount": 0,
+         "state": waiting}]}})
+    ready = wait_for(lambda: (c := condition_of(kube, ns, "stuck", "PodsReady")).get("status") == "False" and c,
+                     what="PodsReady False")
+    assert ready["message"].startswith("rank 1: trainer: ImagePullBackOff")
+    st = wait_for(lambda: (s := kube.status(ns, "stuck")).get("phase") == "Failed" and s, timeout=20, what="Failed")
+    assert st["reason"] == "PendingTimeout" and "ImagePullBackOff" in st["message"]
+    wait_for(lambda: not kube.pods(ns, "stuck"), what="the gang deleted")
+
+
 def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, operator):
     kube.create_job(ns, "phases", quick_spec())
     pods = wait_for(lambda: len(kube.pods(ns, "phases")) == 2 and kube.pods(ns, "phases"), what="pods")
@@ -328,3 +374,24 @@ def test_the_status_shows_the_first_profile_step_until_training_starts():
     log = json.dumps({"event": "progress", "step": 40, "profile_epoch": time.time() - 3})
     epoch = last_progress(log)["profileEpoch"]
     assert _network_status(job, epoch)["rate"] == "100Mbit"
+
+
+def test_waiting_reasons_name_the_container_or_the_scheduler():
+    from netsense.kube.status import waiting_reason
+
+    unschedulable = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                "message": "0/3 nodes: 3 Insufficient nvidia.com/gpu."}]}}
+    assert waiting_reason(unschedulable) == "Unschedulable: 0/3 nodes: 3 Insufficient nvidia.com/gpu."
+    crashing = {"status": {"initContainerStatuses": [{"name": "shaper", "state": {"waiting": {
+        "reason": "CrashLoopBackOff", "message": "back-off 10s"}}}], "containerStatuses": [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}]}}
+    assert waiting_reason(crashing) == "shaper: CrashLoopBackOff back-off 10s"
+    assert waiting_reason({"status": {"containerStatuses": [{"name": "trainer", "state": {"waiting": {
+        "reason": "ContainerCreating"}}}]}}) is None  # on its way: nothing to report
+
+
+def test_a_local_run_refuses_suspend():
+    from netsense.spec import SpecError, check_local, parse_spec
+
+    with pytest.raises(SpecError, match="spec.suspend"):
+        check_local(parse_spec({**quick_spec(), "suspend": True}))

@@ -161,6 +161,13 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
         kopf.event(body, type="Warning", reason="InvalidSpec", message=str(e))
         logger.warning(f"invalid spec: {e}")
         return
+    if job.spec["suspend"]:
+        kopf.event(body, type="Normal", reason="Suspended", message="created suspended: no pods until resumed")
+        patch.status.update(
+            phase=st.SUSPENDED, attempt=0, restarts=0, appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
+            workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
+            conditions=st.set_condition(None, "Suspended", "True", "Suspended", "spec.suspend is true"))
+        return
     try:
         _create("Service", res.service(job, namespace, uid), namespace, uid)
         _create_gang(job, namespace, uid, 0)
@@ -170,6 +177,7 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
     kopf.event(body, type="Normal", reason="GangCreated",
                message=f"{job.workers} worker pod(s) and the rendezvous service")
     patch.status.update(
+        gangCreatedAt=st.now_iso(),
         phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(),
         appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
         workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
@@ -234,6 +242,8 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                                       "the spec of a started job cannot change; it keeps running as created "
                                       "(delete and re-create the job to apply the change)")
     attempt = int(status.get("attempt", 0))
+    if _suspension(job, namespace, uid, spec, status, patch, body, conditions, attempt):
+        return
     pods = []
     for pod in _list_pods(namespace, uid):
         # A pod of another attempt is a leftover of a restart (or of one cut short by an operator crash).
@@ -280,6 +290,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             logger.warning(msg)
             kopf.event(body, type="Warning", reason="Restarting", message=msg)
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
+                                gangCreatedAt=None,
                                 conditions=st.set_condition(
                                     st.set_condition(conditions, "Running", "False", "WorkerFailed", msg),
                                     "Restarting", "True", "WorkerFailed", msg))
@@ -292,9 +303,22 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             _create("Service", res.service(job, namespace, uid), namespace, uid)
         if missing:
             _create_gang(job, namespace, uid, attempt, missing)
+            if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
+                _update(patch, status, gangCreatedAt=st.now_iso())
     except NameTaken as e:
         finish(st.FAILED, "NameTaken", str(e), pods)
         return
+    if phase == st.PENDING:
+        waiting = "; ".join(f"rank {r}: {w}" for r, p in sorted(by_rank.items())
+                            if phases[r] == "Pending" and (w := st.waiting_reason(p)))
+        if waiting:
+            conditions = st.set_condition(conditions, "PodsReady", "False", "Waiting", waiting)
+        limit = job.run_policy.get("pendingTimeoutSeconds")
+        created = status.get("gangCreatedAt")
+        if limit and created and time.time() - st.parse_iso(created) > limit:
+            finish(st.FAILED, "PendingTimeout", f"the gang was not all running {limit}s after its pods were created"
+                   + (f": {waiting}" if waiting else ""), pods)
+            return
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
         result = st.result_of(by_rank[0])
         if result:
@@ -305,6 +329,8 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
     if counts["running"] + counts["succeeded"] == job.workers and counts["running"] > 0:
         if phase != st.RUNNING:
             conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
+                                          f"{job.workers} worker(s) running")
+            conditions = st.set_condition(conditions, "PodsReady", "True", "AllRunning",
                                           f"{job.workers} worker(s) running")
             if int(status.get("restarts", 0)):
                 conditions = st.set_condition(conditions, "Restarting", "False", "GangRunning",
@@ -317,6 +343,35 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                 _update(patch, status, profileEpoch=epoch)
             _update(patch, status, progress=progress)
     _update(patch, status, conditions=conditions)
+
+
+def _suspension(job: Job, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
+                conditions: list[dict], attempt: int) -> bool:
+    """spec.suspend, the one field a started job may change: true deletes the gang (phase Suspended); false
+    again resumes with a new attempt (not a restart) and a fresh activeDeadlineSeconds. True when this pass is
+    done (the job is, or just became, suspended or resumed)."""
+    suspend = bool(spec.get("suspend"))
+    if status.get("phase") == st.SUSPENDED:
+        if suspend:
+            _delete_pods(namespace, [p for p in _list_pods(namespace, uid) if not p["metadata"].get("deletionTimestamp")])
+            return True
+        fresh = status.get("gangCreatedAt") is not None or bool(_list_pods(namespace, uid))
+        kopf.event(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
+        patch.status.update(phase=st.PENDING, attempt=attempt + 1 if fresh else attempt, startTime=st.now_iso(),
+                            profileEpoch=None, gangCreatedAt=None,
+                            conditions=st.set_condition(conditions, "Suspended", "False", "Resumed",
+                                                        "spec.suspend is false"))
+        return True
+    if not suspend:
+        return False
+    _delete_pods(namespace, _list_pods(namespace, uid))
+    kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
+    patch.status.update(phase=st.SUSPENDED, profileEpoch=None,
+                        workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
+                        conditions=st.set_condition(
+                            st.set_condition(conditions, "Running", "False", "Suspended", "spec.suspend is true"),
+                            "Suspended", "True", "Suspended", "spec.suspend is true"))
+    return True
 
 
 def _expire(name: str, namespace: str, status: dict) -> None:

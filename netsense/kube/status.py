@@ -6,7 +6,7 @@ import datetime
 import hashlib
 import json
 
-PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+PENDING, RUNNING, SUCCEEDED, FAILED, SUSPENDED = "Pending", "Running", "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
 
@@ -18,8 +18,13 @@ def parse_iso(text: str) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+MUTABLE = ("suspend",)  # the fields a started job may change
+
+
 def spec_hash(spec: dict) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    """What must not change once a job started (all but MUTABLE)."""
+    fixed = {k: v for k, v in spec.items() if k not in MUTABLE}
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def set_condition(conditions: list[dict] | None, type_: str, status: str, reason: str, message: str) -> list[dict]:
@@ -51,6 +56,20 @@ def failure_reason(pod: dict) -> str:
     exit_code = term.get("exitCode")
     text = " ".join(str(text).split())
     return f"{text} (exit code {exit_code})" if exit_code not in (None, 0) else text
+
+
+def waiting_reason(pod: dict) -> str | None:
+    """Why a pod is not running yet, in one line (None when nothing says): unschedulable, or a container
+    (the trainer, or the shaper: an init container) waiting, e.g. ImagePullBackOff or CrashLoopBackOff."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return " ".join(f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or ''}".split())
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+            return " ".join(f"{cs.get('name')}: {waiting['reason']} {waiting.get('message') or ''}".split())
+    return None
 
 
 def result_of(pod: dict) -> dict | None:

@@ -231,12 +231,18 @@ NETWORK = Obj({
 
 RUN_POLICY = Obj({
     "backoffLimit": F(Int(min=0), default=2),
-    "activeDeadlineSeconds": F(Int(min=1)),
+    "activeDeadlineSeconds": F(Int(min=1, doc="fail the job this long after it started (or was resumed)")),
+    "pendingTimeoutSeconds": F(Int(min=1, doc="cluster: fail the job when its gang is not all running this long "
+                                              "after its pods were created (image pulls, scheduling); the pods' "
+                                              "waiting reasons are in the PodsReady condition meanwhile")),
     "ttlSecondsAfterFinished": F(Int(min=0)),
 })
 
 SPEC = Obj({
     "workers": F(Int(min=1, max=512), default=2),
+    "suspend": F(Bool(doc="cluster: true creates no pods (and deletes a running gang: phase Suspended), so a "
+                          "queue such as Kueue can admit the whole job at once; false again starts a new gang. The "
+                          "one field a started job may change"), default=False),
     "image": F(Str(), default=DEFAULT_IMAGE),
     "imagePullPolicy": F(Str(enum=("Always", "IfNotPresent", "Never")), default="IfNotPresent"),
     "resources": F(Free(doc="Kubernetes resource requirements of the trainer container")),
@@ -387,7 +393,10 @@ def _is_number(s: str) -> bool:
 
 
 def check_local(job: Job) -> None:
-    """Checks that depend on this machine's files (only for local runs)."""
+    """Checks for local runs: what depends on this machine's files, and what only a cluster does."""
+    if job.spec["suspend"]:
+        raise SpecError([Issue("spec.suspend", "a local run cannot be suspended (it is for a cluster's queue); "
+                                               "set it false or leave it out")])
     t = job.training
     if t["dataset"] in ("cifar10", "cifar100") and not os.path.isdir(t["dataPath"]):
         raise SpecError([Issue("spec.training.dataPath",
