@@ -3,7 +3,9 @@ the Kubernetes schema; the pods the operator builds validate too."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import subprocess
 
 import kubernetes_validate
@@ -46,6 +48,31 @@ def test_kustomizations_render_and_validate(kubectl, overlay):
     assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
     for d in docs:
         validate(d)
+
+
+def test_every_file_a_kustomization_names_exists():
+    for overlay in OVERLAYS:
+        path = os.path.join(REPO, overlay, "kustomization.yaml")
+        with open(path) as fh:
+            text = fh.read()
+        for ref in re.findall(r"manifests/[\w./-]+\.yaml", text):
+            assert os.path.exists(os.path.join(REPO, ref)), f"{overlay}/kustomization.yaml names {ref}"
+
+
+@pytest.mark.parametrize("sample", sorted(glob.glob(os.path.join(REPO, "manifests", "samples", "paper-*.yaml"))))
+def test_gpu_samples_build_pods_that_reach_their_data_and_their_gpu(sample):
+    job = load_job(sample)
+    pod = res.worker_pod(job, "default", "uid-1", 3, 0)
+    validate(pod)
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    mounts = {m["name"]: m["mountPath"] for m in trainer["volumeMounts"]}
+    assert any(job.training["dataPath"].startswith(path) for path in mounts.values()), "dataPath is not mounted"
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert set(mounts) <= volumes
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a quantity: a string, as the API has it
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["RANK"] == "3" and env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_DEBUG"] == "WARN"
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
 
 
 def test_overlays_set_the_images():

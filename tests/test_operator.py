@@ -250,6 +250,44 @@ def test_a_gang_that_cannot_start_says_why_and_fails_after_the_pending_timeout(k
     wait_for(lambda: not kube.pods(ns, "stuck"), what="the gang deleted")
 
 
+def test_the_gpu_sample_becomes_pods_the_api_server_accepts_with_its_template(kube, ns, operator):
+    with open(os.path.join(REPO, "manifests", "samples", "paper-resnet18-steps.yaml")) as fh:
+        doc = yaml.safe_load(fh)
+    kube.create_job(ns, "gpu", {**doc["spec"], "podTemplate": {
+        **doc["spec"]["podTemplate"], "metadata": {"labels": {"team": "ml"}, "annotations": {"owner": "ml-infra"}}}})
+    pods = wait_for(lambda: len(kube.pods(ns, "gpu")) == 8 and kube.pods(ns, "gpu"), what="8 pods")
+    for rank, pod in enumerate(pods):
+        assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["netsense.dev/rank"] == str(rank)
+        assert pod.metadata.annotations["owner"] == "ml-infra"
+        trainer = pod.spec.containers[0]
+        assert trainer.resources.limits["nvidia.com/gpu"] == "1"
+        assert [(m.name, m.mount_path) for m in trainer.volume_mounts][-1] == ("data", "/data/cifar100")
+        assert pod.spec.volumes[-1].persistent_volume_claim.claim_name == "cifar100"
+        assert env_of(trainer)["NCCL_DEBUG"] == "WARN" and env_of(trainer)["RANK"] == str(rank)
+        assert any(t.key == "nvidia.com/gpu" for t in pod.spec.tolerations)
+
+
+def test_a_pod_the_api_server_refuses_fails_the_job_with_its_message_and_no_partial_gang(kube, ns, operator):
+    template = {"spec": {"volumes": [{"name": "Not_A_Label", "emptyDir": {}}]}}  # the schema cannot see this
+    kube.create_job(ns, "refused", quick_spec(podTemplate=template))
+    st = wait_for(lambda: (s := kube.status(ns, "refused")).get("phase") == "Failed" and s, what="Failed")
+    assert st["reason"] == "AdmissionRefused"
+    assert "Not_A_Label" in st["message"] and "the API server refused Pod refused-a0-w0" in st["message"]
+    time.sleep(1)
+    assert not kube.pods(ns, "refused")
+
+
+def test_the_operators_fields_are_refused_in_the_pod_template():
+    from netsense.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError) as e:
+        parse_spec(quick_spec(podTemplate={"spec": {"restartPolicy": "Always", "containers": [
+            {"name": "trainer", "command": ["sh"], "env": [{"name": "RANK", "value": "0"}]}]}}))
+    assert [i.path for i in e.value.issues] == ["spec.podTemplate.spec.restartPolicy",
+                                                "spec.podTemplate.spec.containers[0].command",
+                                                "spec.podTemplate.spec.containers[0].env[0]"]
+
+
 def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, operator):
     kube.create_job(ns, "phases", quick_spec())
     pods = wait_for(lambda: len(kube.pods(ns, "phases")) == 2 and kube.pods(ns, "phases"), what="pods")

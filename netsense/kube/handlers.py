@@ -72,8 +72,21 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.server_timeout = int(os.environ.get("NETSENSE_WATCH_TIMEOUT", "120"))
 
 
-class NameTaken(Exception):
-    """An object the job needs exists under its name and belongs to something else."""
+class Refused(Exception):
+    """The job's objects cannot be made, and retrying will not change that: a name taken by something that is
+    not a NetSenseJob's (NameTaken), or the API server's admission refusing the pod (AdmissionRefused: Pod
+    Security, quota, an unknown priority class, an invalid field of spec.podTemplate)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return str(e.reason)
 
 
 def _read(kind: str, name: str, namespace: str) -> dict:
@@ -95,7 +108,7 @@ def _delete(kind: str, name: str, namespace: str) -> None:
 def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
     """Create, idempotently: an object of this job already there is fine. One left by an earlier job of the
     same name (deleted, its objects not yet collected) is deleted and created again on a later pass; one that
-    is not a NetSenseJob's at all is a NameTaken."""
+    is not a NetSenseJob's at all, or a refusal by admission, is Refused."""
     name = body["metadata"]["name"]
     try:
         if kind == "Service":
@@ -103,9 +116,14 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
         else:
             core().create_namespaced_pod(namespace, body)
         return
+    except ValueError as e:  # the client's own type checks, before anything is sent
+        raise Refused("InvalidPod", f"{kind} {name} cannot be built: {' '.join(str(e).split())}") from e
     except ApiException as e:
-        if e.status != 409:
-            raise kopf.TemporaryError(f"creating {kind} {name}: {e.reason}", delay=5) from e
+        message = _api_message(e)
+        if e.status in (400, 422) or (e.status == 403 and "cannot create resource" not in message):
+            raise Refused("AdmissionRefused", f"the API server refused {kind} {name}: {message}") from e
+        if e.status != 409:  # our own permissions (403), a server in trouble: try again
+            raise kopf.TemporaryError(f"creating {kind} {name}: {message}", delay=5) from e
     try:
         owner = res.controller_uid(_read(kind, name, namespace))
     except ApiException as e:
@@ -115,7 +133,7 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
     if owner == uid:
         return
     if owner is None:
-        raise NameTaken(f"{kind} {name} exists and does not belong to a NetSenseJob")
+        raise Refused("NameTaken", f"{kind} {name} exists and does not belong to a NetSenseJob")
     _delete(kind, name, namespace)
     raise kopf.TemporaryError(f"{kind} {name} was left by an earlier job of the same name; replacing it", delay=2)
 
@@ -171,8 +189,9 @@ def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: 
     try:
         _create("Service", res.service(job, namespace, uid), namespace, uid)
         _create_gang(job, namespace, uid, 0)
-    except NameTaken as e:
-        _fail_early(patch, body, "NameTaken", str(e))
+    except Refused as e:
+        _fail_early(patch, body, e.reason, str(e))
+        _delete_pods(namespace, _list_pods(namespace, uid))  # a partial gang holds resources for nothing
         return
     kopf.event(body, type="Normal", reason="GangCreated",
                message=f"{job.workers} worker pod(s) and the rendezvous service")
@@ -305,8 +324,8 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             _create_gang(job, namespace, uid, attempt, missing)
             if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
                 _update(patch, status, gangCreatedAt=st.now_iso())
-    except NameTaken as e:
-        finish(st.FAILED, "NameTaken", str(e), pods)
+    except Refused as e:
+        finish(st.FAILED, e.reason, str(e), _list_pods(namespace, uid))
         return
     if phase == st.PENDING:
         waiting = "; ".join(f"rank {r}: {w}" for r, p in sorted(by_rank.items())

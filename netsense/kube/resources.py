@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from netsense.spec import API_VERSION, KIND, Job
+from netsense.spec import API_VERSION, KIND, Job, podtemplate
 
 MASTER_PORT = 29500
 READY_FILE = "/tmp/netsense-shaped"
@@ -131,7 +131,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "resources": job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "resources": podtemplate.quantities(job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}}),
     }
     spec: dict = {
         "restartPolicy": "Never",  # a failed rank fails the gang; the operator restarts it whole
@@ -145,10 +145,10 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         spec["initContainers"] = [_shaper(job)]
         trainer["volumeMounts"] = [RUN_VOLUME]
         spec["volumes"] = [{"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
-    return {
+    return podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
                      "labels": labels(job.name, uid, attempt, rank),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": spec,
-    }
+    }, job.spec.get("podTemplate"))

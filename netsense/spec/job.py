@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from netsense import units
+from netsense.spec import podtemplate
 from netsense.spec.schema import (
     MISSING,
     Bool,
@@ -229,6 +230,12 @@ NETWORK = Obj({
     {"rule": "!has(self.crossTraffic) || size(self.crossTraffic) == 0 || self.topology == 'shared'",
      "message": "crossTraffic needs topology: shared"}])
 
+def _check_pod_template(spec: dict, path: str, errors: Errors) -> None:
+    if spec.get("podTemplate"):
+        for where, message in podtemplate.check(spec["podTemplate"], _join(path, "podTemplate")):
+            errors.add(where, message)
+
+
 RUN_POLICY = Obj({
     "backoffLimit": F(Int(min=0), default=2),
     "activeDeadlineSeconds": F(Int(min=1, doc="fail the job this long after it started (or was resumed)")),
@@ -246,11 +253,15 @@ SPEC = Obj({
     "image": F(Str(), default=DEFAULT_IMAGE),
     "imagePullPolicy": F(Str(enum=("Always", "IfNotPresent", "Never")), default="IfNotPresent"),
     "resources": F(Free(doc="Kubernetes resource requirements of the trainer container")),
+    "podTemplate": F(Free(doc="cluster: merged into every worker pod (labels, annotations, nodeSelector, "
+                              "tolerations, affinity, priorityClassName, schedulerName, imagePullSecrets, volumes; "
+                              "per container, trainer or shaper: env, envFrom, volumeMounts, resources); what the "
+                              "operator sets is refused")),
     "training": F(TRAINING, default=dict),
     "compression": F(COMPRESSION, default=dict),
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
-})
+}, checks=[_check_pod_template])
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,
