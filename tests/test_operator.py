@@ -277,6 +277,24 @@ def test_a_pod_the_api_server_refuses_fails_the_job_with_its_message_and_no_part
     assert not kube.pods(ns, "refused")
 
 
+def test_unshaped_jobs_run_under_pod_security_restricted_and_shaped_ones_are_refused_with_the_reason(kube, operator):
+    ns = f"restricted-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace({"metadata": {"name": ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    try:
+        unshaped = quick_spec()
+        del unshaped["network"]["profile"]
+        kube.create_job(ns, "plain", unshaped)
+        pods = wait_for(lambda: len(kube.pods(ns, "plain")) == 2 and kube.pods(ns, "plain"), what="admitted pods")
+        assert all(p.spec.containers[0].security_context.run_as_non_root for p in pods)
+        kube.create_job(ns, "shaped", quick_spec())
+        st = wait_for(lambda: (s := kube.status(ns, "shaped")).get("phase") == "Failed" and s, what="Failed")
+        assert st["reason"] == "AdmissionRefused" and "violates PodSecurity" in st["message"]
+        assert "NET_ADMIN" in st["message"]
+    finally:
+        kube.delete_jobs(ns)
+
+
 def test_the_operators_fields_are_refused_in_the_pod_template():
     from netsense.spec import SpecError, parse_spec
 

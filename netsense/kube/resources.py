@@ -1,5 +1,13 @@
 """The Kubernetes objects a NetSenseJob becomes (pure functions, no API calls).
 
+Privilege: the trainer runs as a non-root user with no capabilities and the
+runtime's default seccomp profile, which Pod Security's "restricted" level
+admits; the shaping sidecar (only for jobs with a profile) runs as root with
+NET_ADMIN to change its pod's qdiscs, which only the "privileged" level
+admits (baseline forbids adding capabilities). So a namespace for shaped jobs
+needs `pod-security.kubernetes.io/enforce: privileged`; unshaped jobs run under
+restricted.
+
 One headless Service (rendezvous at rank 0) and one Pod per rank per *attempt*:
 a gang restart deletes the attempt's pods and creates the next attempt's, so
 names never collide with pods still terminating. Every object is owned by the
@@ -13,6 +21,7 @@ import json
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
 
 MASTER_PORT = 29500
+TRAINER_UID = 65532  # nobody's cousin: any non-root uid the image's files are readable by
 READY_FILE = "/tmp/netsense-shaped"
 # Shared by the trainer and its shaper (an emptyDir): the trainer writes the unix
 # time training starts, and the shaper starts the profile's clock there.
@@ -115,6 +124,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "NETSENSE_RESULT_PATH": "/dev/termination-log",
         "OMP_NUM_THREADS": str(job.training["threads"]),
         "PYTHONUNBUFFERED": "1",
+        "HOME": "/tmp",  # a non-root user's caches (torch, the native kernels) need somewhere to go
     }
     if net.get("profile"):
         # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
@@ -130,7 +140,9 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT}],
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # Pod Security "restricted": the trainer needs no privilege at all.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID},
         "resources": podtemplate.quantities(job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}}),
     }
     spec: dict = {
@@ -138,6 +150,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "automountServiceAccountToken": False,  # workers never talk to the API
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "hostname": f"w{rank}",
         "containers": [trainer],
     }
