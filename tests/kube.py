@@ -4,9 +4,11 @@ process, and a stand-in kubelet that moves pods through their phases."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import yaml
 from kubernetes import client, config, utils
@@ -96,9 +98,17 @@ class OperatorProcess:
     def __init__(self, kubeconfig: str, log_path: str):
         self.kubeconfig, self.log_path = kubeconfig, log_path
         self.proc: subprocess.Popen | None = None
+        with socket.socket() as s:  # a free port for its /metrics (operators in tests share the host's network)
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
 
     def start(self) -> OperatorProcess:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5"}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5",
+               "NETSENSE_METRICS_PORT": str(self.metrics_port)}
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "netsense", "operator"], env=env,
                                      stdout=log, stderr=subprocess.STDOUT)

@@ -340,6 +340,32 @@ def test_a_failed_worker_restarts_the_gang_until_backoff_limit(kube, ns, operato
     wait_for(lambda: not kube.pods(ns, "flaky"), what="pods deleted")
 
 
+def test_the_operator_exports_jobs_by_phase_restarts_and_reconcile_latency(kube, ns, operator):
+    kube.create_job(ns, "counted", quick_spec(runPolicy={"backoffLimit": 1}))
+    pods = wait_for(lambda: len(kube.pods(ns, "counted", 0)) == 2 and kube.pods(ns, "counted", 0), what="pods")
+    kube.set_pod_phase(ns, pods[0].metadata.name, "Failed", message="rank 0: boom", exit_code=1)
+    wait_for(lambda: kube.status(ns, "counted").get("restarts") == 1, what="a restart")
+
+    def value(text: str, series: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(series + " ")))
+
+    text = wait_for(lambda: (t := operator.metrics()) and 'netsense_jobs{phase="Pending"}' in t and t,
+                    what="jobs by phase")
+    assert value(text, 'netsense_jobs{phase="Pending"}') >= 1
+    assert value(text, "netsense_gang_restarts_total") >= 1
+    assert value(text, "netsense_reconcile_seconds_count") > 0
+    assert value(text, 'netsense_reconcile_seconds_bucket{le="+Inf"}') == value(text, "netsense_reconcile_seconds_count")
+
+
+def test_keep_failed_pods_leaves_the_last_gang_for_inspection(kube, ns, operator):
+    kube.create_job(ns, "kept", quick_spec(runPolicy={"backoffLimit": 0, "keepFailedPods": True}))
+    pods = wait_for(lambda: len(kube.pods(ns, "kept")) == 2 and kube.pods(ns, "kept"), what="pods")
+    kube.set_pod_phase(ns, pods[1].metadata.name, "Failed", message="rank 1: NaN loss", exit_code=1)
+    wait_for(lambda: kube.status(ns, "kept").get("phase") == "Failed", what="Failed")
+    time.sleep(1.5)
+    assert [p.metadata.name for p in kube.pods(ns, "kept")] == [p.metadata.name for p in pods]
+
+
 @pytest.mark.parametrize(("name", "network", "message"), [
     ("invalid", {"profile": {"type": "steps", "steps": [{"at": "5s", "rate": "1Gbit"}]}},
      "spec.network.profile.steps[0].at"),

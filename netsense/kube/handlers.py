@@ -26,9 +26,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from netsense import units
-from netsense.kube import load_kube_config
+from netsense.kube import load_kube_config, metrics
 from netsense.kube import resources as res
 from netsense.kube import status as st
+from netsense.kube.metrics import METRICS
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
 
@@ -70,6 +71,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # only every cancellation_polling seconds (default 60).
     settings.background.cancellation_polling = 1
     settings.watching.server_timeout = int(os.environ.get("NETSENSE_WATCH_TIMEOUT", "120"))
+    port = int(os.environ.get("NETSENSE_METRICS_PORT", "9090"))
+    if port:
+        metrics.serve(port)
 
 
 class Refused(Exception):
@@ -167,10 +171,19 @@ def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def start(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
-          logger: logging.Logger, **_) -> None:
+def start(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
     if status.get("phase"):
+        METRICS.job_phase(uid, status["phase"])
         return  # already started: the timer carries on (operator restart)
+    _start(uid=uid, status=status, patch=patch, **kwargs)
+    phase = (patch.get("status") or {}).get("phase")
+    METRICS.job_phase(uid, phase)
+    if phase == st.FAILED:
+        METRICS.ended(phase, patch["status"]["reason"])
+
+
+def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, body: kopf.Body,
+           logger: logging.Logger, **_) -> None:
     try:
         job = parse_spec(copy.deepcopy(dict(spec)), name)
         check_cluster(job)
@@ -246,8 +259,22 @@ def _needs_reconcile(status: dict, **_) -> bool:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
-def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
-              logger: logging.Logger, **_) -> None:
+def reconcile(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
+    start = time.perf_counter()
+    try:
+        _reconcile(uid=uid, status=status, patch=patch, **kwargs)
+    finally:
+        METRICS.reconciled(time.perf_counter() - start)
+        METRICS.job_phase(uid, (patch.get("status") or {}).get("phase") or status.get("phase"))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget(uid: str, **_) -> None:
+    METRICS.job_phase(uid, None)
+
+
+def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
+               logger: logging.Logger, **_) -> None:
     phase = status.get("phase")
     if phase in st.FINISHED:
         _expire(name, namespace, status)
@@ -280,12 +307,14 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         _update(patch, status, network=net)
 
     def finish(final_phase: str, reason: str, message: str, leftover: list[dict]) -> None:
-        _delete_pods(namespace, leftover)
+        if final_phase == st.SUCCEEDED or not job.run_policy["keepFailedPods"]:
+            _delete_pods(namespace, leftover)
         patch.status.update(phase=final_phase, reason=reason, message=message, completionTime=st.now_iso(),
                             conditions=st.set_condition(
                                 st.set_condition(conditions, "Running", "False", reason, message),
                                 final_phase, "True", reason, message))
         kopf.event(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
+        METRICS.ended(final_phase, reason)
 
     deadline = job.run_policy.get("activeDeadlineSeconds")
     if deadline and time.time() - st.parse_iso(status["startTime"]) > deadline:
@@ -308,6 +337,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
             logger.warning(msg)
             kopf.event(body, type="Warning", reason="Restarting", message=msg)
+            METRICS.restarted()
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
                                 gangCreatedAt=None,
                                 conditions=st.set_condition(

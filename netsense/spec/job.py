@@ -243,6 +243,9 @@ RUN_POLICY = Obj({
                                               "after its pods were created (image pulls, scheduling); the pods' "
                                               "waiting reasons are in the PodsReady condition meanwhile")),
     "ttlSecondsAfterFinished": F(Int(min=0)),
+    "keepFailedPods": F(Bool(doc="cluster: keep a Failed job's last pods (and their logs) for inspection until "
+                                 "the job is deleted; by default they are deleted at once, freeing their nodes"),
+                        default=False),
 })
 
 SPEC = Obj({
