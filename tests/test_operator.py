@@ -90,7 +90,7 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3" and env["MASTER_PORT"] == "29500"
         assert env["MASTER_ADDR"] == f"gang-rdzv.{ns}.svc"
         assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eth0"
-        assert json.loads(env["NETSENSE_JOB"])["spec"]["workers"] == 3
+        assert env["NETSENSE_JOB_FILE"] == "/etc/netsense/job.json"
         assert trainer.termination_message_path == "/dev/termination-log"
         sidecar = pod.spec.init_containers[0]
         assert sidecar.restart_policy == "Always"  # a native sidecar
@@ -105,7 +105,13 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
         mounts = {m.name: m.mount_path for m in sidecar.volume_mounts}
         assert mounts == {m.name: m.mount_path for m in trainer.volume_mounts}
         assert any(start_file.startswith(path + "/") for path in mounts.values())
-        assert {v.name for v in pod.spec.volumes if v.empty_dir is not None} >= set(mounts)
+        assert {v.name for v in pod.spec.volumes if v.empty_dir is not None or v.config_map is not None} >= set(mounts)
+        assert "--profile" in sidecar.command and sidecar.command[sidecar.command.index("--profile") + 1].startswith(
+            mounts["netsense-job"] + "/")
+    config = kube.core.read_namespaced_config_map("gang-job", ns)
+    assert json.loads(config.data["job.json"])["spec"]["workers"] == 3
+    assert json.loads(config.data["profile.json"]) == {"type": "static", "rate": "200Mbit"}
+    assert config.metadata.owner_references[0].uid == uid
     time.sleep(2)  # several reconciles later: nothing new
     assert [p.metadata.name for p in kube.pods(ns, "gang")] == [p.metadata.name for p in pods]
     st = kube.status(ns, "gang")
@@ -308,6 +314,19 @@ def test_the_operators_fields_are_refused_in_the_pod_template():
                                                 "spec.podTemplate.spec.containers[0].env[0]"]
 
 
+def test_a_trace_profile_larger_than_an_argument_may_be_reaches_the_pods(kube, ns, operator):
+    points = [{"at": f"{i}s", "rate": f"{100 + i % 50}Mbit"} for i in range(6000)]
+    kube.create_job(ns, "trace", quick_spec(network={"profile": {"type": "trace", "points": points}}))
+    pods = wait_for(lambda: len(kube.pods(ns, "trace")) == 2 and kube.pods(ns, "trace"), what="pods")
+    config = kube.core.read_namespaced_config_map("trace-job", ns)
+    assert len(config.data["profile.json"]) > 128 * 1024  # more than one argument or variable may hold
+    assert len(json.loads(config.data["profile.json"])["points"]) == 6000
+    for pod in pods:
+        sizes = [len(a) for c in pod.spec.containers + pod.spec.init_containers for a in c.command or []]
+        sizes += [len(e.value or "") for c in pod.spec.containers for e in c.env or []]
+        assert max(sizes) < 4096
+
+
 def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, operator):
     kube.create_job(ns, "phases", quick_spec())
     pods = wait_for(lambda: len(kube.pods(ns, "phases")) == 2 and kube.pods(ns, "phases"), what="pods")
@@ -419,7 +438,7 @@ def test_the_operator_identity_has_no_more_than_it_needs(kube, operator_kubeconf
         restricted.core.list_namespaced_secret("default")
     assert e.value.status == 403
     with pytest.raises(client.ApiException) as e:
-        restricted.core.create_namespaced_config_map("default", {"metadata": {"name": "x"}})
+        restricted.core.list_namespaced_config_map("default")  # it makes and reads its own, by name
     assert e.value.status == 403
     with open(os.path.join(REPO, "manifests", "base", "rbac.yaml")) as fh:
         role = next(d for d in yaml.safe_load_all(fh) if d["kind"] == "ClusterRole")
@@ -479,3 +498,22 @@ def test_a_local_run_refuses_suspend():
 
     with pytest.raises(SpecError, match="spec.suspend"):
         check_local(parse_spec({**quick_spec(), "suspend": True}))
+
+
+def test_the_control_plane_dies_with_the_process_that_started_it(control_plane):
+    """A CI timeout SIGKILLs the test run: etcd and kube-apiserver must not outlive it."""
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom netsense.testbed.envtest import ControlPlane\n"
+            f"cp = ControlPlane({control_plane.bin_dir!r}).__enter__()\nprint(cp.dir, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    workdir = parent.stdout.readline().strip()
+
+    def running() -> list[str]:
+        return subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
+
+    assert len(running()) == 2, "etcd and kube-apiserver should be up"
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: not running(), timeout=10, what="etcd and kube-apiserver gone")

@@ -94,14 +94,17 @@ def _api_message(e: ApiException) -> str:
 
 
 def _read(kind: str, name: str, namespace: str) -> dict:
-    obj = (core().read_namespaced_service if kind == "Service" else core().read_namespaced_pod)(name, namespace)
-    return core().api_client.sanitize_for_serialization(obj)
+    read = {"Service": core().read_namespaced_service, "ConfigMap": core().read_namespaced_config_map,
+            "Pod": core().read_namespaced_pod}[kind]
+    return core().api_client.sanitize_for_serialization(read(name, namespace))
 
 
 def _delete(kind: str, name: str, namespace: str) -> None:
     try:
         if kind == "Service":
             core().delete_namespaced_service(name, namespace)
+        elif kind == "ConfigMap":
+            core().delete_namespaced_config_map(name, namespace)
         else:
             core().delete_namespaced_pod(name, namespace, grace_period_seconds=5)
     except ApiException as e:
@@ -114,11 +117,10 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
     same name (deleted, its objects not yet collected) is deleted and created again on a later pass; one that
     is not a NetSenseJob's at all, or a refusal by admission, is Refused."""
     name = body["metadata"]["name"]
+    create = {"Service": core().create_namespaced_service, "ConfigMap": core().create_namespaced_config_map,
+              "Pod": core().create_namespaced_pod}[kind]
     try:
-        if kind == "Service":
-            core().create_namespaced_service(namespace, body)
-        else:
-            core().create_namespaced_pod(namespace, body)
+        create(namespace, body)
         return
     except ValueError as e:  # the client's own type checks, before anything is sent
         raise Refused("InvalidPod", f"{kind} {name} cannot be built: {' '.join(str(e).split())}") from e
@@ -151,6 +153,12 @@ def _list_pods(namespace: str, uid: str) -> list[dict]:
     """Every pod of this job (all attempts), by its UID."""
     pods = core().list_namespaced_pod(namespace, label_selector=f"{res.LABEL_JOB_UID}={uid}").items
     return [core().api_client.sanitize_for_serialization(p) for p in pods]
+
+
+def _create_shared(job: Job, namespace: str, uid: str) -> None:
+    """What every pod of the job uses: the job's ConfigMap and the rendezvous Service."""
+    _create("ConfigMap", res.config_map(job, namespace, uid), namespace, uid)
+    _create("Service", res.service(job, namespace, uid), namespace, uid)
 
 
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
@@ -200,7 +208,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
             conditions=st.set_condition(None, "Suspended", "True", "Suspended", "spec.suspend is true"))
         return
     try:
-        _create("Service", res.service(job, namespace, uid), namespace, uid)
+        _create_shared(job, namespace, uid)
         _create_gang(job, namespace, uid, 0)
     except Refused as e:
         _fail_early(patch, body, e.reason, str(e))
@@ -348,8 +356,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
                    f"{failure_text} (backoffLimit {job.run_policy['backoffLimit']} reached)", pods)
         return
     try:
-        if phase == st.PENDING:  # the rendezvous matters until the gang runs: a deleted one comes back
-            _create("Service", res.service(job, namespace, uid), namespace, uid)
+        if phase == st.PENDING:  # what the gang needs to start: one deleted by someone comes back
+            _create_shared(job, namespace, uid)
         if missing:
             _create_gang(job, namespace, uid, attempt, missing)
             if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)

@@ -32,6 +32,10 @@ START_FILE = f"{RUN_DIR}/profile-start"
 QUEUE_SUMMARY = f"{RUN_DIR}/queue.json"
 QUEUE_CSV = "/tmp/netsense-queue.csv"
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
+# The job itself (job.json) and its profile (profile.json) reach the pods through a ConfigMap: a trace
+# profile of a few thousand points outgrows the 128 KiB that one argument or variable may hold (E2BIG).
+JOB_DIR = "/etc/netsense"
+JOB_VOLUME = {"name": "netsense-job", "mountPath": JOB_DIR, "readOnly": True}
 LABEL_JOB = "netsense.dev/job"
 # Selection is by the job's UID: a job deleted and re-created under the same name is another job, and
 # must never count (or rendezvous with) pods its predecessor left for the garbage collector.
@@ -71,6 +75,20 @@ def labels(job: str, uid: str, attempt: int | None = None, rank: int | None = No
     return out
 
 
+def config_name(job: str) -> str:
+    return f"{job}-job"
+
+
+def config_map(job: Job, namespace: str, uid: str) -> dict:
+    data = {"job.json": json.dumps(job.manifest(), separators=(",", ":"))}
+    if job.network.get("profile"):
+        data["profile.json"] = json.dumps(job.network["profile"], separators=(",", ":"))
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": config_name(job.name), "namespace": namespace, "labels": labels(job.name, uid),
+                         "ownerReferences": [owner_reference(job.name, uid)]},
+            "data": data}
+
+
 def service(job: Job, namespace: str, uid: str) -> dict:
     return {
         "apiVersion": "v1", "kind": "Service",
@@ -95,11 +113,11 @@ def _shaper(job: Job) -> dict:
         # A native sidecar: starts before the trainer, is stopped after it, and does not
         # keep the pod alive (Kubernetes >= 1.29).
         "restartPolicy": "Always",
-        "command": ["netsense", "shape", "--dev", net["interface"], "--profile-json",
-                    json.dumps(net["profile"], separators=(",", ":")), "--direction", net["direction"],
+        "command": ["netsense", "shape", "--dev", net["interface"], "--profile", f"{JOB_DIR}/profile.json",
+                    "--direction", net["direction"],
                     "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV,
                     "--queue-summary", QUEUE_SUMMARY],
-        "volumeMounts": [RUN_VOLUME],
+        "volumeMounts": [RUN_VOLUME, JOB_VOLUME],
         "securityContext": {
             "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": False,
@@ -120,7 +138,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "WORLD_SIZE": str(job.workers),
         "RANK": str(rank),
         "LOCAL_RANK": "0",
-        "NETSENSE_JOB": json.dumps(job.manifest(), separators=(",", ":")),
+        "NETSENSE_JOB_FILE": f"{JOB_DIR}/job.json",
         "NETSENSE_RESULT_PATH": "/dev/termination-log",
         "OMP_NUM_THREADS": str(job.training["threads"]),
         "PYTHONUNBUFFERED": "1",
@@ -153,11 +171,13 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "hostname": f"w{rank}",
         "containers": [trainer],
+        "volumes": [{"name": JOB_VOLUME["name"], "configMap": {"name": config_name(job.name)}}],
     }
+    trainer["volumeMounts"] = [JOB_VOLUME]
     if net.get("profile"):
         spec["initContainers"] = [_shaper(job)]
-        trainer["volumeMounts"] = [RUN_VOLUME]
-        spec["volumes"] = [{"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+        trainer["volumeMounts"].append(RUN_VOLUME)
+        spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     return podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,

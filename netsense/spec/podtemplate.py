@@ -32,7 +32,7 @@ CONTAINERS = ("trainer", "shaper")
 CONTAINER_FIELDS = ("name", "env", "envFrom", "volumeMounts", "resources")
 OWNED_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 OWNED_LABEL_PREFIX = "netsense.dev/"
-OPERATOR_VOLUMES = ("netsense-run",)
+OPERATOR_VOLUMES = ("netsense-run", "netsense-job")
 
 
 def check(template: dict, path: str = "spec.podTemplate") -> list[tuple[str, str]]:

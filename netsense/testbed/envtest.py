@@ -15,8 +15,10 @@ until Ctrl-C, for poking at it with kubectl.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -25,6 +27,13 @@ import time
 import urllib.request
 
 import yaml
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends SIGKILL when the process that started it exits (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_SCRIPT = os.path.join(REPO, "testbed", "envtest", "build.sh")
@@ -106,7 +115,10 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Their own session (a terminal's Ctrl-C is ours to handle), and death with us however we die: a
+        # SIGTERM or SIGKILL of the test run (a CI timeout) left etcd and kube-apiserver running, orphaned.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         log.close()
         self.procs.append(proc)
         return proc

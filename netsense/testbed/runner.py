@@ -79,13 +79,18 @@ def worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str |
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
     env.update({
         "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(job.workers),
-        "RANK": str(rank), "LOCAL_RANK": "0", "NETSENSE_JOB": json.dumps(job.manifest()),
+        "RANK": str(rank), "LOCAL_RANK": "0", "NETSENSE_JOB_FILE": job_file(out_dir),
         "NETSENSE_OUT": out_dir, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": str(job.training["threads"]), "PYTHONUNBUFFERED": "1",
     })
     if start_file is not None and rank == 0:
         env["NETSENSE_PROFILE_START_FILE"] = start_file  # one follower shapes every link here
     return env
+
+
+def job_file(out_dir: str) -> str:
+    """Where the workers read the job (a file: an inlined trace can outgrow what one variable may hold)."""
+    return os.path.abspath(os.path.join(out_dir, "job.json"))
 
 
 def _last_line(path: str) -> str:
@@ -155,6 +160,8 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
 def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     """Run a validated job locally; returns result.json's content or raises RunFailed."""
     os.makedirs(out_dir, exist_ok=True)
+    with open(job_file(out_dir), "w") as fh:
+        json.dump(job.manifest(), fh)
     progress = Progress(quiet=quiet)
     profile = build_profile(job.network.get("profile"))
     policy = job.run_policy
