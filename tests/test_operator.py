@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 import yaml
-from kube import REPO, wait_for
+from kube import REPO, OperatorProcess, wait_for
 from kubernetes import client
 
 pytestmark = pytest.mark.apiserver
@@ -131,6 +131,22 @@ def test_an_operator_restart_creates_no_duplicates_and_carries_on(kube, ns, oper
     wait_for(lambda: kube.status(ns, "restart").get("phase") == "Running", what="Running, seen by the new operator")
     time.sleep(2)  # several reconciles later: nothing new
     assert [p.metadata.name for p in kube.pods(ns, "restart")] == names
+
+
+def test_a_second_operator_waits_for_the_lease_and_takes_over_when_the_first_stops(
+        kube, ns, operator, operator_kubeconfig, tmp_path):
+    wait_for(lambda: "leading as" in operator.log(), what="the session's operator leading")
+    second = OperatorProcess(operator_kubeconfig, str(tmp_path / "second.log")).start()
+    try:
+        wait_for(lambda: "holds the lease" in second.log(), what="the second operator waiting")
+        operator.stop()  # hands the lease back
+        wait_for(lambda: "leading as" in second.log(), timeout=15, what="the second operator leading")
+        kube.create_job(ns, "successor", quick_spec())
+        wait_for(lambda: len(kube.pods(ns, "successor")) == 2, what="pods from the second operator")
+    finally:
+        second.stop()
+        operator.start()
+    wait_for(lambda: kube.status(ns, "successor").get("workers", {}).get("pending") == 2, what="the first carries on")
 
 
 def events_of(kube, ns: str, name: str) -> list:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+
+STOP_S = 10
 
 
 def run_operator(namespaces: list[str] | None = None, liveness: str | None = None) -> int:
@@ -15,6 +20,40 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
     # Every timer run would log "succeeded" at INFO: restarts and failures stay visible.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-    kopf.run(clusterwide=not namespaces, namespaces=namespaces or (), standalone=True,
-             liveness_endpoint=liveness)
-    return 0
+    elector = None
+    if os.environ.get("NETSENSE_LEADER_ELECTION", "true") != "false":
+        from netsense.kube import load_kube_config
+        from netsense.kube.leader import LeaseElector
+
+        load_kube_config()
+        elector = LeaseElector(os.environ.get("NETSENSE_LEASE_NAMESPACE", "netsense-system"))
+        elector.acquire()
+    # kopf runs in a thread of its own and this thread owns the signals: on SIGTERM the lease is handed back
+    # at once and the process is gone within STOP_S, where kopf's own shutdown could hang on an open watch
+    # for minutes (a successor would wait for the lease to lapse meanwhile).
+    stop, lost = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def on_lost() -> None:
+        lost.set()
+        stop.set()
+
+    if elector:
+        elector.keep(on_lost)
+    operator = threading.Thread(target=kopf.run, name="kopf", daemon=True, kwargs={
+        "clusterwide": not namespaces, "namespaces": namespaces or (), "standalone": True,
+        "liveness_endpoint": liveness, "stop_flag": stop})
+    operator.start()
+    while operator.is_alive() and not stop.wait(1):
+        pass
+    stop.set()
+    if elector and not lost.is_set():
+        elector.release()
+    operator.join(STOP_S)
+    code = 1 if lost.is_set() else 0
+    if operator.is_alive():  # its executor threads would hold the interpreter's exit too
+        logging.getLogger("netsense.operator").warning("kopf did not stop within %ss: exiting anyway", STOP_S)
+        logging.shutdown()
+        os._exit(code)
+    return code
