@@ -19,7 +19,7 @@ from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import qdiscs
 from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
 from netsense.testbed import cluster as cl
-from netsense.testbed.bottleneck import summarize
+from netsense.testbed.bottleneck import cross_samples, queue_samples, summarize
 from netsense.testbed.bulk import (
     available_congestion_control,
     best_second,
@@ -96,7 +96,8 @@ def test_summary_puts_each_steps_worst_queue_drops_and_cross_rate_into_the_timel
     write_csv(tmp_path / "cross_traffic.csv", ["t", "flow", "bytes", "mbit"],
               [[0.1, "bulk0-0", 0, 0.0], [1.05, "bulk0-0", 250000, 20.0], [1.55, "bulk0-0", 125000, 10.0]])
     (tmp_path / "queue-summary.json").write_text(json.dumps({"links": {"up0": {"drops": 4}}}))
-    summary = summarize(str(tmp_path), [Flow("bulk0-0", start=1.0)])
+    summary = summarize(str(tmp_path), [Flow("bulk0-0", start=1.0)], queue_samples(str(tmp_path)),
+                        cross_samples(str(tmp_path)))
     with open(tmp_path / "timeline.csv") as fh:
         steps = list(csv.DictReader(fh))
     assert [s["queue_delay_max_ms"] for s in steps] == ["10.0", "20.0", "0.0"]
@@ -187,7 +188,7 @@ def test_the_queue_builds_and_drops_when_the_link_is_oversubscribed_and_stays_em
         sampler = sample_queue(c, busy, clock)
         bulk_result(start_bulk(c, 4, cc="cubic"))  # loss-based TCP fills any queue until it drops (BBR need not)
         stop(sampler)
-    q, b = summarize(quiet, [])["links"]["up0"], summarize(busy, [])["links"]["up0"]
+    q, b = (summarize(d, [], queue_samples(d), [])["links"]["up0"] for d in (quiet, busy))
     assert q["seconds"] > 2 and b["seconds"] > 3
     assert q["queue_delay_p99_ms"] <= 2.0 and q["drops"] == 0, q  # at most the two frames: 1.2 ms
     assert b["queue_delay_p99_ms"] >= 40 and b["drops"] > 0, b  # the queue holds 80 ms at 20 Mbit

@@ -93,20 +93,18 @@ def _api_message(e: ApiException) -> str:
         return str(e.reason)
 
 
-def _read(kind: str, name: str, namespace: str) -> dict:
-    read = {"Service": core().read_namespaced_service, "ConfigMap": core().read_namespaced_config_map,
-            "Pod": core().read_namespaced_pod}[kind]
-    return core().api_client.sanitize_for_serialization(read(name, namespace))
+def _calls(kind: str) -> tuple:
+    """(create, read, delete) of the core API for the kinds a job owns."""
+    c = core()
+    return {"Service": (c.create_namespaced_service, c.read_namespaced_service, c.delete_namespaced_service),
+            "ConfigMap": (c.create_namespaced_config_map, c.read_namespaced_config_map,
+                          c.delete_namespaced_config_map),
+            "Pod": (c.create_namespaced_pod, c.read_namespaced_pod, c.delete_namespaced_pod)}[kind]
 
 
 def _delete(kind: str, name: str, namespace: str) -> None:
     try:
-        if kind == "Service":
-            core().delete_namespaced_service(name, namespace)
-        elif kind == "ConfigMap":
-            core().delete_namespaced_config_map(name, namespace)
-        else:
-            core().delete_namespaced_pod(name, namespace, grace_period_seconds=5)
+        _calls(kind)[2](name, namespace, **({"grace_period_seconds": 5} if kind == "Pod" else {}))
     except ApiException as e:
         if e.status != 404:
             raise
@@ -117,8 +115,7 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
     same name (deleted, its objects not yet collected) is deleted and created again on a later pass; one that
     is not a NetSenseJob's at all, or a refusal by admission, is Refused."""
     name = body["metadata"]["name"]
-    create = {"Service": core().create_namespaced_service, "ConfigMap": core().create_namespaced_config_map,
-              "Pod": core().create_namespaced_pod}[kind]
+    create, read, _ = _calls(kind)
     try:
         create(namespace, body)
         return
@@ -131,7 +128,7 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
         if e.status != 409:  # our own permissions (403), a server in trouble: try again
             raise kopf.TemporaryError(f"creating {kind} {name}: {message}", delay=5) from e
     try:
-        owner = res.controller_uid(_read(kind, name, namespace))
+        owner = res.controller_uid(core().api_client.sanitize_for_serialization(read(name, namespace)))
     except ApiException as e:
         if e.status == 404:  # gone meanwhile: create it on the next pass
             raise kopf.TemporaryError(f"{kind} {name} vanished while checking it", delay=1) from e
@@ -166,11 +163,6 @@ def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[i
         _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt), namespace, uid)
 
 
-def _invalid(patch: kopf.Patch, message: str) -> None:
-    patch.status.update(phase=st.FAILED, reason="InvalidSpec", message=message, completionTime=st.now_iso(),
-                        conditions=st.set_condition(None, "Failed", "True", "InvalidSpec", message))
-
-
 def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:
     patch.status.update(phase=st.FAILED, reason=reason, message=message, completionTime=st.now_iso(),
                         conditions=st.set_condition(None, "Failed", "True", reason, message))
@@ -196,8 +188,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         job = parse_spec(copy.deepcopy(dict(spec)), name)
         check_cluster(job)
     except SpecError as e:
-        _invalid(patch, str(e))
-        kopf.event(body, type="Warning", reason="InvalidSpec", message=str(e))
+        _fail_early(patch, body, "InvalidSpec", str(e))
         logger.warning(f"invalid spec: {e}")
         return
     if job.spec["suspend"]:

@@ -47,13 +47,17 @@ def read_clock(path: str) -> tuple[float, float | None] | None:
     return (fields[0], fields[1]) if len(fields) == 2 else None
 
 
+def clock_seconds(epoch: float | None, paused_at: float | None = None) -> float | None:
+    """Seconds on a clock running since ``epoch``, or standing at ``paused_at`` (None before it starts)."""
+    if epoch is None:
+        return None
+    return paused_at if paused_at is not None else max(0.0, time.time() - epoch)
+
+
 def clock_now(path: str) -> float | None:
     """Seconds on the training clock published at ``path`` (None before it starts)."""
     clock = read_clock(path)
-    if clock is None:
-        return None
-    epoch, paused_at = clock
-    return paused_at if paused_at is not None else max(0.0, time.time() - epoch)
+    return None if clock is None else clock_seconds(*clock)
 
 
 def write_clock(path: str, epoch: float, paused_at: float | None = None) -> None:
@@ -95,9 +99,8 @@ class ProfileFollower:
 
     def now(self) -> float:
         """Seconds on the profile's clock (0 until it starts)."""
-        if self.epoch is None:
-            return 0.0
-        return self.paused_at if self.paused_at is not None else max(0.0, time.time() - self.epoch)
+        t = clock_seconds(self.epoch, self.paused_at)
+        return 0.0 if t is None else t
 
     def _emit(self, event: str, t: float, bps: float, **extra) -> None:
         self.applied.append((time.time(), bps))

@@ -164,7 +164,7 @@ class TcLink:
         segs = self._gso_max_segs or GSO_SEGS_LIMIT  # a link whose rate stays keeps its bucket: nothing outgrows it
         if lowest_bps is not None:
             segs = gso_segs_below(min(rate_bps, lowest_bps))
-        run_tc(["ip", "link", "set", "dev", dev, "gso_max_segs", str(segs)], self.netns)
+        set_gso_max_segs(dev, self.netns, segs)
         self._tc("qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps))
         if self.impairments.any:
             self._tc("qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", *self._netem_args(rate_bps))
@@ -182,8 +182,7 @@ class TcLink:
             return
         self._tc("qdisc", "del", "dev", self.shaped_dev, "root", check=False)
         if self._gso_max_segs:
-            run_tc(["ip", "link", "set", "dev", self.shaped_dev, "gso_max_segs", str(self._gso_max_segs)],
-                   self.netns, check=False)
+            set_gso_max_segs(self.shaped_dev, self.netns, self._gso_max_segs, check=False)
             self._gso_max_segs = None
         if self.ingress:
             self._tc("qdisc", "del", "dev", self.dev, "ingress", check=False)
@@ -196,10 +195,8 @@ def gso_segs_below(lowest_bps: float) -> int:
     return max(1, tbf_params(lowest_bps)["burst"] // MTU_FRAME - 1)
 
 
-def cap_gso(dev: str, netns: str | None, lowest_bps: float) -> None:
-    """Cap the GSO packets a sender builds so that they fit a bucket shaped further on (a shared link whose
-    rate changes; the sender's device is not itself shaped, and goes away with its namespace)."""
-    run_tc(["ip", "link", "set", "dev", dev, "gso_max_segs", str(gso_segs_below(lowest_bps))], netns)
+def set_gso_max_segs(dev: str, netns: str | None, segs: int, check: bool = True) -> None:
+    run_tc(["ip", "link", "set", "dev", dev, "gso_max_segs", str(segs)], netns, check)
 
 
 def gso_max_segs(dev: str, netns: str | None = None) -> int | None:

@@ -72,10 +72,9 @@ def cross_samples(out_dir: str) -> list[dict]:
     return read_rows(os.path.join(out_dir, "cross_traffic.csv"))
 
 
-def summarize(out_dir: str, flows: list[Flow]) -> dict:
-    """Per-step columns into timeline.csv; returns the bottleneck summary for result.json."""
-    queue = queue_samples(out_dir)
-    cross = cross_samples(out_dir)
+def summarize(out_dir: str, flows: list[Flow], queue: list[dict], cross: list[dict]) -> dict:
+    """Per-step columns into timeline.csv from the run's queue and cross samples (queue_samples,
+    cross_samples); returns the bottleneck summary for result.json."""
     timeline_path = os.path.join(out_dir, "timeline.csv")
     steps = read_rows(timeline_path)
     if steps and (queue or cross):

@@ -47,7 +47,7 @@ from typing import IO, TextIO
 
 from netsense.shaping.profiles import Profile
 from netsense.shaping.shaper import ProfileFollower
-from netsense.shaping.tc import NO_NETEM, TcLink, cap_gso
+from netsense.shaping.tc import NO_NETEM, TcLink, gso_segs_below, set_gso_max_segs
 
 PREFIX = "nsense-"
 SUBNET = "10.200.0"  # workers; /16, so the cross-traffic hosts (10.200.1.x) share the segment
@@ -207,9 +207,11 @@ class LocalCluster:
                  for label, ns, dev in self.shaped]
         if self.topology == "shared":
             rates = {rate for _, rate in self.profile.points}
-            if len(rates) > 1:  # the senders' GSO packets must fit the smallest bucket (netsense.shaping.tc)
+            # The senders' GSO packets must fit the smallest bucket (netsense.shaping.tc); their own
+            # devices are not shaped here, and go away with their namespaces.
+            if len(rates) > 1:
                 for ns in self.namespaces[1:]:
-                    cap_gso("eth0", ns, min(rates))
+                    set_gso_max_segs("eth0", ns, gso_segs_below(min(rates)))
         self.follower = ProfileFollower(self.profile, links, log=self.shaping_log,
                                         start_file=self.start_file).start()
 

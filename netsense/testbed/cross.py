@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from netsense import units
-from netsense.shaping.shaper import read_clock
+from netsense.shaping.shaper import clock_seconds, read_clock
 from netsense.testbed.bulk import set_congestion_control
 
 BIN_S = 0.1
@@ -77,8 +77,7 @@ class Clock:
             self.read_at, self.value = time.monotonic(), read_clock(self.path)
         if self.value is None:
             return None, False
-        epoch, paused_at = self.value
-        return (paused_at, False) if paused_at is not None else (max(0.0, time.time() - epoch), True)
+        return clock_seconds(*self.value), self.value[1] is None
 
 
 def send(addr: str, port: int, clock_path: str, flows: list[Flow], stop: threading.Event) -> None:

@@ -197,13 +197,14 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     with open(os.path.join(out_dir, "result.json")) as fh:
         result = json.load(fh)
     result["tcp_congestion_control"] = tcp
-    bottleneck = summarize(out_dir, observers.flows)
+    queue, cross = queue_samples(out_dir), cross_samples(out_dir)  # read once: a long run's queue.csv is large
+    bottleneck = summarize(out_dir, observers.flows, queue, cross)
     if bottleneck["links"] or observers.flows:
         result["bottleneck"] = bottleneck
     write_result(out_dir, result)
     png = plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
                f"{job.name}: {job.compression['method']}, {job.workers} workers",
-               queue=queue_samples(out_dir), cross=cross_samples(out_dir))
+               queue=queue, cross=cross)
     if png:
         result["plot"] = png
     return result

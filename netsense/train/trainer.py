@@ -3,8 +3,7 @@
 Configuration comes from the environment, exactly as a pod gets it:
 MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK (torch's env:// rendezvous),
 NETSENSE_JOB_FILE (the NetSenseJob as a JSON file: a trace profile can be far
-larger than the 128 KiB one environment variable may hold; NETSENSE_JOB, the
-JSON itself, is read where there is no file), NETSENSE_PROFILE_START_FILE (where this
+larger than the 128 KiB one environment variable may hold), NETSENSE_PROFILE_START_FILE (where this
 rank publishes its training clock for its shaper: the profile runs on the clock
 that time to accuracy is measured on, see netsense.shaping.shaper), NETSENSE_OUT
 (directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
@@ -328,11 +327,8 @@ def _ms(seconds: float | None) -> float | None:
 def worker_main() -> int:
     """`netsense worker`: train as configured by the environment; exit 0/1."""
     try:
-        if "NETSENSE_JOB_FILE" in os.environ:
-            with open(os.environ["NETSENSE_JOB_FILE"]) as fh:
-                doc = json.load(fh)
-        else:
-            doc = json.loads(os.environ["NETSENSE_JOB"])
+        with open(os.environ["NETSENSE_JOB_FILE"]) as fh:
+            doc = json.load(fh)
         job = parse_spec(doc["spec"], doc.get("metadata", {}).get("name", "job"))
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError, OSError) as e:
