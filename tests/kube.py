@@ -57,6 +57,19 @@ class Kube:
                 if e.status != 404:
                     raise
 
+    def requests(self, verb: str, resource: str) -> int:
+        """How many requests of this verb on this resource the API server has answered (its own /metrics)."""
+        method, url, headers, body, _ = self.api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        response.read()
+        text = response.data.decode()
+        total = 0
+        for line in text.splitlines():
+            if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
+                    and f'verb="{verb}"' in line:
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
     def job(self, ns: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 

@@ -3,7 +3,9 @@
 - create/resume: validate (InvalidSpec -> Failed, no pods), then create the
   rendezvous Service and the first gang of worker pods, idempotently (409s are
   fine: a restarted operator creates nothing twice);
-- a timer reconciles every few seconds, level-triggered from what the API says:
+- a timer reconciles every few seconds, level-triggered from what the API says
+  (pods as a label-selected watch keeps them in an in-memory index, so a quiet
+  job costs no API call):
   pod phases -> job phase, a failed rank -> the whole gang restarts (up to
   backoffLimit), activeDeadlineSeconds, rank 0's result -> status.result,
   rank 0's progress lines -> status.progress, the profile's current step ->
@@ -71,6 +73,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # only every cancellation_polling seconds (default 60).
     settings.background.cancellation_polling = 1
     settings.watching.server_timeout = int(os.environ.get("NETSENSE_WATCH_TIMEOUT", "120"))
+    # Only the jobs' pods reach the operator (filtered by the API server, not after the fact): on a busy
+    # cluster the watch carries a few pods per job instead of every pod there is.
+    settings.watching.label_selectors["v1", "pods"] = res.LABEL_JOB_UID
     port = int(os.environ.get("NETSENSE_METRICS_PORT", "9090"))
     if port:
         metrics.serve(port)
@@ -146,10 +151,25 @@ def _delete_pods(namespace: str, pods: list[dict]) -> None:
         _delete("Pod", pod["metadata"]["name"], namespace)
 
 
-def _list_pods(namespace: str, uid: str) -> list[dict]:
-    """Every pod of this job (all attempts), by its UID."""
-    pods = core().list_namespaced_pod(namespace, label_selector=f"{res.LABEL_JOB_UID}={uid}").items
-    return [core().api_client.sanitize_for_serialization(p) for p in pods]
+def _delete_gang(job: Job, namespace: str, attempt: int) -> None:
+    """Every pod of one attempt, by name: right even before the watch has seen them."""
+    for rank in range(job.workers):
+        _delete("Pod", res.pod_name(job.name, attempt, rank), namespace)
+
+
+@kopf.index("v1", "pods", labels={res.LABEL_JOB_UID: kopf.PRESENT})
+def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
+    """Every pod of every job (all attempts) by the job's UID, as the watch last saw it: what the
+    timer reconciles from, instead of listing each job's pods on every pass."""
+    meta = body["metadata"]
+    return {labels[res.LABEL_JOB_UID]: {
+        "metadata": {"name": meta["name"], "labels": dict(labels),
+                     "deletionTimestamp": meta.get("deletionTimestamp")},
+        "status": copy.deepcopy(dict(body.get("status") or {}))}}
+
+
+def _pods(index: kopf.Index, uid: str) -> list[dict]:
+    return list(index.get(uid, []))
 
 
 def _create_shared(job: Job, namespace: str, uid: str) -> None:
@@ -203,7 +223,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         _create_gang(job, namespace, uid, 0)
     except Refused as e:
         _fail_early(patch, body, e.reason, str(e))
-        _delete_pods(namespace, _list_pods(namespace, uid))  # a partial gang holds resources for nothing
+        _delete_gang(job, namespace, 0)  # a partial gang holds resources for nothing
         return
     kopf.event(body, type="Normal", reason="GangCreated",
                message=f"{job.workers} worker pod(s) and the rendezvous service")
@@ -273,7 +293,7 @@ def forget(uid: str, **_) -> None:
 
 
 def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
-               logger: logging.Logger, **_) -> None:
+               logger: logging.Logger, pods_by_job: kopf.Index, **_) -> None:
     phase = status.get("phase")
     if phase in st.FINISHED:
         _expire(name, namespace, status)
@@ -287,10 +307,11 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
                                       "the spec of a started job cannot change; it keeps running as created "
                                       "(delete and re-create the job to apply the change)")
     attempt = int(status.get("attempt", 0))
-    if _suspension(job, namespace, uid, spec, status, patch, body, conditions, attempt):
+    known = _pods(pods_by_job, uid)
+    if _suspension(job, namespace, known, spec, status, patch, body, conditions, attempt):
         return
     pods = []
-    for pod in _list_pods(namespace, uid):
+    for pod in known:
         # A pod of another attempt is a leftover of a restart (or of one cut short by an operator crash).
         if pod["metadata"]["labels"].get(res.LABEL_ATTEMPT) == str(attempt):
             pods.append(pod)
@@ -354,7 +375,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
                 _update(patch, status, gangCreatedAt=st.now_iso())
     except Refused as e:
-        finish(st.FAILED, e.reason, str(e), _list_pods(namespace, uid))
+        _delete_gang(job, namespace, attempt)  # partial: nothing ran, so nothing to keep for inspection
+        finish(st.FAILED, e.reason, str(e), [])
         return
     if phase == st.PENDING:
         waiting = "; ".join(f"rank {r}: {w}" for r, p in sorted(by_rank.items())
@@ -393,17 +415,17 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     _update(patch, status, conditions=conditions)
 
 
-def _suspension(job: Job, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
-                conditions: list[dict], attempt: int) -> bool:
+def _suspension(job: Job, namespace: str, pods: list[dict], spec: dict, status: dict, patch: kopf.Patch,
+                body: kopf.Body, conditions: list[dict], attempt: int) -> bool:
     """spec.suspend, the one field a started job may change: true deletes the gang (phase Suspended); false
     again resumes with a new attempt (not a restart) and a fresh activeDeadlineSeconds. True when this pass is
     done (the job is, or just became, suspended or resumed)."""
     suspend = bool(spec.get("suspend"))
     if status.get("phase") == st.SUSPENDED:
         if suspend:
-            _delete_pods(namespace, [p for p in _list_pods(namespace, uid) if not p["metadata"].get("deletionTimestamp")])
+            _delete_pods(namespace, [p for p in pods if not p["metadata"].get("deletionTimestamp")])
             return True
-        fresh = status.get("gangCreatedAt") is not None or bool(_list_pods(namespace, uid))
+        fresh = status.get("gangCreatedAt") is not None or bool(pods)
         kopf.event(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
         patch.status.update(phase=st.PENDING, attempt=attempt + 1 if fresh else attempt, startTime=st.now_iso(),
                             profileEpoch=None, gangCreatedAt=None,
@@ -412,7 +434,8 @@ def _suspension(job: Job, namespace: str, uid: str, spec: dict, status: dict, pa
         return True
     if not suspend:
         return False
-    _delete_pods(namespace, _list_pods(namespace, uid))
+    _delete_pods(namespace, pods)
+    _delete_gang(job, namespace, attempt)  # created a moment ago, perhaps not yet seen by the watch
     kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
     patch.status.update(phase=st.SUSPENDED, profileEpoch=None,
                         workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
