@@ -1,6 +1,8 @@
 # The operator image: kopf and the Kubernetes client, no torch (~150 MB).
 # docker build -f images/operator.Dockerfile -t netsense/operator:dev .
-FROM python:3.11.11-slim-bookworm
+# BASE: any Debian bookworm with python3.11 and pip (e.g. one bootstrapped without a registry).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY netsense ./netsense

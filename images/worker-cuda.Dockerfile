@@ -1,7 +1,9 @@
 # The worker image for GPU clusters: PyPI's torch bundles the CUDA runtime and NCCL;
 # the node needs only the NVIDIA driver and container toolkit.
 # docker build -f images/worker-cuda.Dockerfile -t netsense/worker-cuda:0.1.0 .
-FROM python:3.11.11-slim-bookworm
+# BASE: any Debian bookworm with python3.11 and pip (e.g. one bootstrapped without a registry).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iproute2 procps \
  && rm -rf /var/lib/apt/lists/*

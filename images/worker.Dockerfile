@@ -1,6 +1,8 @@
-# The worker image, CPU: trainer (`netsense worker`) and shaping sidecar (`netsense shape`).
+# The worker image, CPU: the trainer (`netsense worker`); the shaping sidecar has its own image (shaper.Dockerfile).
 # Build from the repository root: docker build -f images/worker.Dockerfile -t netsense/worker:dev .
-FROM python:3.11.11-slim-bookworm
+# BASE: any Debian bookworm with python3.11 and pip (e.g. one bootstrapped without a registry).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iproute2 procps g++ \
  && rm -rf /var/lib/apt/lists/*

@@ -27,7 +27,10 @@ class Kube:
 
     def apply_file(self, path: str) -> None:
         with open(path) as fh:
-            docs = [d for d in yaml.safe_load_all(fh) if d]
+            self.apply([d for d in yaml.safe_load_all(fh) if d])
+
+    def apply(self, docs: list[dict]) -> None:
+        """Create each object; one that exists already is fine."""
         for d in docs:
             try:
                 utils.create_from_dict(self.api, d)
@@ -108,8 +111,8 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = 
 class OperatorProcess:
     """`netsense operator` as a subprocess with a given kubeconfig."""
 
-    def __init__(self, kubeconfig: str, log_path: str):
-        self.kubeconfig, self.log_path = kubeconfig, log_path
+    def __init__(self, kubeconfig: str, log_path: str, args: tuple[str, ...] = ()):
+        self.kubeconfig, self.log_path, self.args = kubeconfig, log_path, args
         self.proc: subprocess.Popen | None = None
         with socket.socket() as s:  # a free port for its /metrics (operators in tests share the host's network)
             s.bind(("127.0.0.1", 0))
@@ -123,7 +126,7 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5",
                "NETSENSE_METRICS_PORT": str(self.metrics_port)}
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "netsense", "operator"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "netsense", "operator", *self.args], env=env,
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self

@@ -14,10 +14,12 @@ import yaml
 
 from netsense.kube import resources as res
 from netsense.spec import load_job
+from netsense.spec.job import DEFAULT_IMAGE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
-OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/kind", "manifests/overlays/gpu"]
+OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/kind", "manifests/overlays/gpu",
+            "manifests/overlays/namespaced"]
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +41,38 @@ def validate(doc: dict) -> None:
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_kustomizations_render_and_validate(kubectl, overlay):
+def render(kubectl: str, overlay: str) -> list[dict]:
     out = subprocess.run([kubectl, "kustomize", os.path.join(REPO, overlay)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def one(docs: list[dict], kind: str, namespace: str | None = None) -> dict:
+    found = [d for d in docs if d["kind"] == kind and (namespace is None or d["metadata"].get("namespace") == namespace)]
+    assert len(found) == 1, f"{len(found)} {kind} in {namespace}"
+    return found[0]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kustomizations_render_and_validate(kubectl, overlay):
+    docs = render(kubectl, overlay)
     kinds = {d["kind"] for d in docs}
-    assert {"CustomResourceDefinition", "Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds
+    assert ("ClusterRole" in kinds) != overlay.endswith("namespaced")
     for d in docs:
         validate(d)
+
+
+def test_the_namespaced_install_gives_its_namespace_what_the_cluster_wide_one_gives_the_cluster(kubectl):
+    cluster_wide = one(render(kubectl, "manifests/base"), "ClusterRole")
+    docs = render(kubectl, "manifests/overlays/namespaced")
+    role = one(docs, "Role", "ml-team")
+    assert role["rules"] == cluster_wide["rules"]
+    binding = one(docs, "RoleBinding", "ml-team")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in docs}
+    command = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--namespace") + 1] == "ml-team"
 
 
 def test_every_file_a_kustomization_names_exists():
@@ -75,11 +100,29 @@ def test_gpu_samples_build_pods_that_reach_their_data_and_their_gpu(sample):
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
 
 
-def test_overlays_set_the_images():
-    with open(os.path.join(REPO, "manifests/overlays/kind/kustomization.yaml")) as fh:
-        kind = yaml.safe_load(fh)
-    assert kind["images"] == [{"name": "netsense/operator", "newTag": "dev"}]
-    assert "Never" in kind["patches"][0]["patch"]
+@pytest.mark.parametrize("overlay, operator, shaper", [
+    ("manifests/base", "netsense/operator:{v}", "netsense/shaper:{v}"),
+    ("manifests/overlays/kind", "netsense/operator:dev", "netsense/shaper:dev"),
+    ("manifests/overlays/gpu", "registry.example.com/netsense/operator:{v}", "registry.example.com/netsense/shaper:{v}"),
+])
+def test_overlays_set_the_operator_and_shaper_images(kubectl, overlay, operator, shaper):
+    with open(os.path.join(REPO, "pyproject.toml")) as fh:
+        version = re.search(r'^version = "(.+)"', fh.read(), re.M).group(1)
+    container = one(render(kubectl, overlay), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == operator.format(v=version)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NETSENSE_SHAPER_IMAGE"] == shaper.format(v=version)
+    # The operator's own defaults carry the same version as what is installed.
+    assert res.SHAPER_IMAGE == f"netsense/shaper:{version}" and DEFAULT_IMAGE == f"netsense/worker:{version}"
+
+
+def test_shaped_pods_run_the_shaper_image_the_operator_is_given():
+    job = load_job(os.path.join(REPO, "samples", "quick.yaml"))
+    pod = res.worker_pod(job, "default", "uid-1", 0, 0, "registry.example.com/netsense/shaper@sha256:" + "0" * 64)
+    shaper = pod["spec"]["initContainers"][0]
+    assert shaper["name"] == "shaper" and shaper["image"].endswith("@sha256:" + "0" * 64)
+    assert pod["spec"]["containers"][0]["image"] == job.spec["image"]
+    validate(pod)
 
 
 def test_operator_built_pods_validate():

@@ -149,6 +149,43 @@ def test_a_second_operator_waits_for_the_lease_and_takes_over_when_the_first_sto
     wait_for(lambda: kube.status(ns, "successor").get("workers", {}).get("pending") == 2, what="the first carries on")
 
 
+def test_a_namespace_scoped_operator_runs_jobs_with_roles_alone_and_leaves_other_namespaces_be(
+        kube, ns, operator, control_plane, tmp_path):
+    """manifests/overlays/namespaced: no ClusterRole, a Role in each watched namespace (and the Lease's)."""
+    sa = "netsense-scoped"
+    kube.apply([{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": "netsense-system"}}])
+    with open(os.path.join(REPO, "manifests", "overlays", "namespaced", "role.yaml")) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    with open(os.path.join(REPO, "manifests", "base", "rbac.yaml")) as fh:
+        docs += [d for d in yaml.safe_load_all(fh) if d["kind"] == "RoleBinding"]  # the Lease
+    for d in docs:  # beside the session operator's own objects, for another ServiceAccount
+        d["metadata"]["name"] += "-scoped"
+        if d["kind"] == "RoleBinding":
+            d["subjects"][0]["name"] = sa
+        if d["metadata"]["namespace"] == "ml-team":
+            d["metadata"]["namespace"] = ns
+            if d["kind"] == "RoleBinding":
+                d["roleRef"]["name"] += "-scoped"
+    kube.apply(docs)
+    other = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
+    operator.stop()  # the cluster-wide one would take both namespaces' jobs
+    scoped = OperatorProcess(control_plane.token_kubeconfig(sa, "netsense-system"), str(tmp_path / "scoped.log"),
+                             ("--namespace", ns)).start()
+    try:
+        kube.create_job(ns, "mine", quick_spec())
+        kube.create_job(other, "theirs", quick_spec())
+        pods = wait_for(lambda: len(kube.pods(ns, "mine")) == 2 and kube.pods(ns, "mine"), what="pods")
+        for pod in pods:
+            kube.set_pod_phase(ns, pod.metadata.name, "Running")
+        wait_for(lambda: kube.status(ns, "mine").get("phase") == "Running", what="Running, from the watched pods")
+        assert kube.status(other, "theirs").get("phase") is None and not kube.pods(other, "theirs")
+        assert "403" not in scoped.log() and "Forbidden" not in scoped.log(), scoped.log()
+    finally:
+        scoped.stop()
+        operator.start()
+        kube.delete_jobs(other)
+
+
 def events_of(kube, ns: str, name: str) -> list:
     return kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
 

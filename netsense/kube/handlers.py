@@ -36,6 +36,8 @@ from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
 
 RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
+# The shaping sidecar's image, chosen by whoever installs the operator (a digest pins it), not by each job.
+SHAPER_IMAGE = os.environ.get("NETSENSE_SHAPER_IMAGE") or res.SHAPER_IMAGE
 
 _core: client.CoreV1Api | None = None
 _custom: client.CustomObjectsApi | None = None
@@ -180,7 +182,7 @@ def _create_shared(job: Job, namespace: str, uid: str) -> None:
 
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
     for rank in range(job.workers) if ranks is None else ranks:
-        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt), namespace, uid)
+        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE), namespace, uid)
 
 
 def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:

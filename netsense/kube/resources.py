@@ -1,5 +1,9 @@
 """The Kubernetes objects a NetSenseJob becomes (pure functions, no API calls).
 
+Images: the trainer runs the job's image; the shaping sidecar its own small one (no torch: tc and
+PyYAML), named by the operator's configuration (NETSENSE_SHAPER_IMAGE; a digest pins it), so what runs
+with NET_ADMIN is the same audited image for every job whatever image a job brings.
+
 Privilege: the trainer runs as a non-root user with no capabilities and the
 runtime's default seccomp profile, which Pod Security's "restricted" level
 admits; the shaping sidecar (only for jobs with a profile) runs as root with
@@ -19,6 +23,8 @@ from __future__ import annotations
 import json
 
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
+
+SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
 
 MASTER_PORT = 29500
 TRAINER_UID = 65532  # nobody's cousin: any non-root uid the image's files are readable by
@@ -104,12 +110,12 @@ def service(job: Job, namespace: str, uid: str) -> dict:
     }
 
 
-def _shaper(job: Job) -> dict:
+def _shaper(job: Job, image: str) -> dict:
     net = job.network
     return {
         "name": "shaper",
-        "image": job.spec["image"],
-        "imagePullPolicy": job.spec["imagePullPolicy"],
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
         # A native sidecar: starts before the trainer, is stopped after it, and does not
         # keep the pod alive (Kubernetes >= 1.29).
         "restartPolicy": "Always",
@@ -130,7 +136,7 @@ def _shaper(job: Job) -> dict:
     }
 
 
-def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> dict:
+def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE) -> dict:
     net = job.network
     env = {
         "MASTER_ADDR": f"{service_name(job.name)}.{namespace}.svc",
@@ -175,7 +181,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int) -> d
     }
     trainer["volumeMounts"] = [JOB_VOLUME]
     if net.get("profile"):
-        spec["initContainers"] = [_shaper(job)]
+        spec["initContainers"] = [_shaper(job, shaper_image)]
         trainer["volumeMounts"].append(RUN_VOLUME)
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     return podtemplate.apply({

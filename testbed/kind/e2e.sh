@@ -27,7 +27,8 @@ kubectl config use-context "kind-$CLUSTER"
 echo "--- building images"
 docker build -f images/worker.Dockerfile -t netsense/worker:dev .
 docker build -f images/operator.Dockerfile -t netsense/operator:dev .
-kind load docker-image netsense/worker:dev netsense/operator:dev --name "$CLUSTER"
+docker build -f images/shaper.Dockerfile -t netsense/shaper:dev .
+kind load docker-image netsense/worker:dev netsense/operator:dev netsense/shaper:dev --name "$CLUSTER"
 
 echo "--- deploying the operator"
 kubectl apply -k manifests/overlays/kind
