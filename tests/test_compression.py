@@ -1,4 +1,8 @@
-"""The compression hooks on real gloo process groups (2 and 3 ranks on loopback)."""
+"""The compression hooks on real gloo process groups (2 and 3 ranks on loopback).
+
+Tests taking ``device`` also run on CUDA tensors where a GPU is present (gloo
+moves CUDA tensors too, so several ranks can share one GPU, which NCCL refuses):
+the same selection and the same error-feedback conservation as on the CPU."""
 
 from __future__ import annotations
 
@@ -11,14 +15,24 @@ from netsense.compression.selection import Workspace, topk_indices
 from netsense.spec import SpecError
 
 METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "overlap"]
+NO_CUDA = "no CUDA device here: testbed/gpu/check.sh runs the CUDA variants on a GPU"
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                              pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])]
 
 
-def _ddp(model, config=None):
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+def _ddp(model, config=None, device="cpu"):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from netsense.compression import ddp_options
 
-    return DDP(model, gradient_as_bucket_view=True, **ddp_options(config, "gloo"))
+    model.to(device)
+    return DDP(model, device_ids=[0] if device == "cuda" else None, gradient_as_bucket_view=True,
+               **ddp_options(config, "gloo"))
 
 
 def _tiny_mlp(seed=0, bucket_mb=None):
@@ -35,54 +49,54 @@ def _batch(rank, step, n=16):
 
 # ---- rank functions (module level: they are pickled into spawned processes) --------
 
-def grads_after_one_step(rank, world, config):
+def grads_after_one_step(rank, world, config, device="cpu"):
     """Returns the averaged gradient of step 1 (step 0 is always dense)."""
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp())
+    model = _ddp(_tiny_mlp(), device=device)
     register(model, config)
     out = []
     for step in range(2):
         model.zero_grad()
         x, y = _batch(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
         out = [p.grad.view(-1).tolist() for p in model.parameters()]
     return out
 
 
-def colliding(rank, world):
+def colliding(rank, world, device="cpu"):
     from netsense.compression import register
 
     model = torch.nn.Linear(4, 1, bias=False)
-    ddp = _ddp(model)
+    ddp = _ddp(model, device=device)
     register(ddp, {"method": "topk", "density": 0.25})  # k = 1 of 4
     x = {0: [5.0, 0.0, 0.0, -1.0], 1: [-3.0, 0.0, 0.5, 2.0]}[rank]
     grads = []
     for _ in range(2):
         ddp.zero_grad()
-        ddp(torch.tensor([x])).sum().backward()  # d/dw = x
+        ddp(torch.tensor([x], device=device)).sum().backward()  # d/dw = x
         grads.append(model.weight.grad.clone().view(-1).tolist())
     return grads[1]
 
 
-def conservation(rank, world, steps):
+def conservation(rank, world, steps, device="cpu"):
     """Sum of averaged results * world == sum of all ranks' gradients - residuals."""
     import torch.distributed as dist
 
     from netsense.compression import register
 
     model = torch.nn.Linear(50, 1, bias=False)
-    ddp = _ddp(model)
+    ddp = _ddp(model, device=device)
     state = register(ddp, {"method": "topk", "density": 0.1})
-    fed = torch.zeros(50)
-    received = torch.zeros(50)
+    fed = torch.zeros(50, device=device)
+    received = torch.zeros(50, device=device)
     for step in range(steps):
         ddp.zero_grad()
-        x = torch.randn(1, 50, generator=torch.Generator().manual_seed(step * 10 + rank))
+        x = torch.randn(1, 50, generator=torch.Generator().manual_seed(step * 10 + rank)).to(device)
         ddp(x).sum().backward()
         fed += x.view(-1)
         received += model.weight.grad.view(-1)
-    residual = sum((r for r in state.memory.residuals.values()), torch.zeros(50))
+    residual = sum((r for r in state.memory.residuals.values()), torch.zeros(50, device=device))
     total_fed = fed.clone()
     dist.all_reduce(total_fed)
     total_residual = residual.clone()
@@ -90,12 +104,12 @@ def conservation(rank, world, steps):
     return (received * world).tolist(), (total_fed - total_residual).tolist()
 
 
-def train_method(rank, world, method, steps, extra):
+def train_method(rank, world, method, steps, extra, device="cpu"):
     import torch.distributed as dist
 
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp(), {"method": method, **extra})
+    model = _ddp(_tiny_mlp(), {"method": method, **extra}, device)
     state = register(model, {"method": method, **extra})
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = []
@@ -106,7 +120,7 @@ def train_method(rank, world, method, steps, extra):
             import time
 
             time.sleep(0.002 * (rank + 1) * (1 + step % 3))
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -116,7 +130,7 @@ def train_method(rank, world, method, steps, extra):
     # final loss on a common held-out batch
     x, y = _batch(99, 0, n=256)
     with torch.no_grad():
-        held_out = float(torch.nn.functional.cross_entropy(model.module(x), y))
+        held_out = float(torch.nn.functional.cross_entropy(model.module(x.to(device)), y.to(device)))
     dist.barrier()
     return flat.tolist(), decisions, held_out
 
@@ -135,30 +149,30 @@ def train_on_path(rank, world, native_ranks, steps, config):
 
 # ---- tests ------------------------------------------------------------------------
 
-def test_topk_at_density_one_equals_allreduce():
-    dense = run_world(grads_after_one_step, 2, {"method": "allreduce"})
-    topk = run_world(grads_after_one_step, 2, {"method": "topk", "density": 1.0})
+def test_topk_at_density_one_equals_allreduce(device):
+    dense = run_world(grads_after_one_step, 2, {"method": "allreduce"}, device)
+    topk = run_world(grads_after_one_step, 2, {"method": "topk", "density": 1.0}, device)
     for rank in range(2):
         for a, b in zip(dense[rank], topk[rank], strict=True):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
 
 
-def test_colliding_indices_are_summed_with_signs():
+def test_colliding_indices_are_summed_with_signs(device):
     # rank 0 sends index 0 (+5), rank 1 sends index 0 (-3): (5 - 3) / 2 = 1.
     # Overwrite would give 5/2 or -3/2; |g| would give 4.
-    results = run_world(colliding, 2)
+    results = run_world(colliding, 2, device)
     for r in results:
         assert r == pytest.approx([1.0, 0.0, 0.0, 0.0])
 
 
-def test_error_feedback_conserves_the_gradient_sum():
-    received, expected = run_world(conservation, 2, 7)[0]
+def test_error_feedback_conserves_the_gradient_sum(device):
+    received, expected = run_world(conservation, 2, 7, device)[0]
     torch.testing.assert_close(torch.tensor(received), torch.tensor(expected), rtol=1e-4, atol=1e-4)
 
 
-def test_every_method_keeps_ranks_identical_and_decisions_agree():
+def test_every_method_keeps_ranks_identical_and_decisions_agree(device):
     for method in METHODS:
-        results = run_world(train_method, 3, method, 8, {"startIter": 2} if method == "powersgd" else {})
+        results = run_world(train_method, 3, method, 8, {"startIter": 2} if method == "powersgd" else {}, device)
         params = [torch.tensor(r[0]) for r in results]
         for p in params[1:]:
             torch.testing.assert_close(p, params[0], rtol=0, atol=0, msg=f"{method}: ranks diverged")
@@ -206,12 +220,13 @@ def test_bad_configuration_fails_naming_the_field(bad, field):
     assert str(e.value).startswith(field + ":")
 
 
-def test_fast_topk_selects_exactly_the_largest():
+def test_fast_topk_selects_exactly_the_largest(device):
     g = torch.Generator().manual_seed(0)
+    on_device = torch.Generator(device=device).manual_seed(0)
     for n, k in [(1_000_000, 10_000), (1_000_003, 10_000), (1_000_000, 100_000), (300_000, 3), (1000, 10),
                  (100_000, 100_000), (2_000_000, 500_000)]:
         x = torch.randn(n, generator=g).abs()
-        got = set(topk_indices(x, k, g, Workspace()).tolist())
+        got = set(topk_indices(x.to(device), k, on_device, Workspace()).tolist())
         want = set(torch.topk(x, k).indices.tolist())
         assert len(got) == k
         assert got == want

@@ -132,3 +132,35 @@ def test_crd_schema_follows_the_spec_model():
 def test_manifest_crd_is_the_generated_one():
     with open(os.path.join(REPO, "manifests", "base", "crd.yaml")) as fh:
         assert yaml.safe_load(fh) == crd(), "run `make manifests` to regenerate manifests/base/crd.yaml"
+
+
+@pytest.mark.parametrize("backend, device, cuda, want", [
+    ("auto", "auto", False, ("gloo", "cpu")),
+    ("auto", "auto", True, ("nccl", "cuda:0")),
+    ("auto", "cpu", True, ("gloo", "cpu")),        # a GPU machine may still train on its CPUs
+    ("gloo", "cuda", True, ("gloo", "cuda:0")),    # several ranks sharing one GPU
+    ("gloo", "auto", True, ("gloo", "cpu")),
+])
+def test_the_backend_and_device_a_job_gets(backend, device, cuda, want):
+    from netsense.train.trainer import resolve_device
+
+    job = parse_job(doc(training={"model": "mlp", "dataset": "digits", "backend": backend, "device": device}))
+    got_backend, got_device = resolve_device(job.training, cuda)
+    assert (got_backend, str(got_device)) == want
+
+
+@pytest.mark.parametrize("training, field", [({"device": "cuda"}, "spec.training.device"),
+                                             ({"backend": "nccl"}, "spec.training.backend")])
+def test_asking_for_cuda_where_there_is_none_names_the_field(training, field):
+    from netsense.train.trainer import resolve_device
+
+    job = parse_job(doc(training={"model": "mlp", "dataset": "digits", **training}))
+    with pytest.raises(SpecError) as e:
+        resolve_device(job.training, False)
+    assert str(e.value).startswith(field + ":") and "needs a CUDA device" in str(e.value)
+
+
+def test_nccl_on_cpu_tensors_is_refused_naming_the_device():
+    with pytest.raises(SpecError) as e:
+        parse_job(doc(training={"model": "mlp", "dataset": "digits", "backend": "nccl", "device": "cpu"}))
+    assert "spec.training.device" in str(e.value) and "nccl" in str(e.value)

@@ -131,6 +131,8 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
         t["epochs"] = 1
     if "maxSeconds" in t and units.parse_duration(t["maxSeconds"]) <= 0:
         errors.add(f"{path}.maxSeconds", "must be longer than 0s")
+    if t.get("backend") == "nccl" and t.get("device") == "cpu":
+        errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
 
 def _check_compression(c: dict, path: str, errors: Errors) -> None:
@@ -156,7 +158,9 @@ TRAINING = Obj({
     "evalEvery": F(Int(min=1, doc="evaluate every N steps (default: every epoch)")),
     "evalSamples": F(Int(min=1), default=2000),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),
-    "backend": F(Str(enum=("auto", "gloo", "nccl")), default="auto"),
+    "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
+    "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "
+                    "one GPU among ranks (NCCL refuses two ranks on one device)"), default="auto"),
     "hiddenSize": F(Int(min=1, doc="width of the mlp/cnn models"), default=512),
     "syntheticSamples": F(Int(min=1), default=4096),
     "syntheticClasses": F(Int(min=2), default=10),

@@ -38,7 +38,8 @@ from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
-from netsense.spec import Job, parse_spec
+from netsense.spec import Job, SpecError, parse_spec
+from netsense.spec.schema import Issue
 from netsense.train.data import ShardedBatches, load_dataset
 from netsense.train.models import build_model
 from netsense.train.results import Timeline, compact, write_result
@@ -89,17 +90,25 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
     return correct / max(1, len(y))
 
 
+def resolve_device(training: dict, cuda: bool) -> tuple[str, torch.device]:
+    """(backend, device) of spec.training's backend and device on a machine with or without CUDA."""
+    backend, device = training["backend"], training["device"]
+    for field_, wants in (("device", device == "cuda"), ("backend", backend == "nccl")):
+        if wants and not cuda:
+            raise SpecError([Issue(f"spec.training.{field_}", f"{training[field_]} needs a CUDA device and torch "
+                                   "sees none here (torch.cuda.is_available() is false)")])
+    if backend == "auto":
+        backend = "nccl" if cuda and device != "cpu" else "gloo"
+    on_gpu = device == "cuda" or (device == "auto" and backend == "nccl")
+    return backend, torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if on_gpu else torch.device("cpu")
+
+
 class Trainer:
     def __init__(self, job: Job, rank: int, world: int, start_file: str | None = None):
         self.job, self.rank, self.world = job, rank, world
         self.t = job.training
         torch.set_num_threads(self.t["threads"])
-        backend = self.t["backend"]
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.backend = backend
-        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if backend == "nccl" \
-            else torch.device("cpu")
+        self.backend, self.device = resolve_device(self.t, torch.cuda.is_available())
         self.profile = build_profile(job.network.get("profile"))
         self.start_file = start_file
         self.profile_epoch: float | None = None  # set when training starts
@@ -312,6 +321,10 @@ class Trainer:
             "selection_ms_mean": round(1e3 * sum(h["selection_seconds"] for h in hist) / max(1, len(hist)), 3),
             "link_mean_rate_mbit": None if link is None else round(link, 3),
             "backend": self.backend,
+            "device": str(self.device),
+            # on CUDA the collectives' times are CUDA events on the stream (a completion callback there means
+            # only "enqueued"), elsewhere the wall clock at completion
+            "collective_timer": "cuda-events" if self.device.type == "cuda" else "wall-clock",
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
         }
 
