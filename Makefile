@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: help venv run test test-fast lint fmt envtest manifests kind-e2e bench clean
+.PHONY: help venv run test test-fast lint fmt envtest manifests kind-e2e gpu-check bench clean
 
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated testbed (root)"
@@ -19,6 +19,7 @@ help:
 	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
 	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
 	@echo "make kind-e2e   kind cluster end to end (needs Docker and kind)"
+	@echo "make gpu-check  the GPU path on this machine's GPU (testbed/gpu/check.sh; dry on the CPU without one)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +55,9 @@ bench: venv
 
 kind-e2e:
 	bash testbed/kind/e2e.sh
+
+gpu-check:
+	bash testbed/gpu/check.sh
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,321 @@
+"""The GPU path, checked in one run (testbed/gpu/check.sh is the entry point).
+
+Steps, each ok / failed / skipped (with the reason) / dry (run on the CPU in place of the GPU):
+
+1. cuda-tests: the compression tests' CUDA variants (pytest -m cuda): the same selection, collisions,
+   error-feedback conservation and rank agreement as on the CPU, on CUDA tensors. Without CUDA: only
+   that they are collected.
+2. shared-gpu-job: `netsense run` of a 2-rank job on emulated, shaped links (a static and a step profile)
+   with both ranks on the one GPU over gloo (NCCL refuses two ranks on one device). Checks that it
+   trains (loss falls), that the collectives were timed by CUDA events, that those times are plausible
+   (the rate they imply stays under the link), and that the step profile changed the link. Needs root.
+3. nccl-smoke: every method's hook on a world-size-1 NCCL group, a few steps, parameters finite.
+   Without CUDA: the same on gloo and the CPU.
+4. selection: selection + compression overhead against the ResNet18 and VGG16 compute step on the GPU
+   (testbed/bench_selection.py --device cuda). Without CUDA: a small CPU run of the same script.
+
+Everything lands in --out (summary.json, summary.md, each step's own files); exit 1 if a step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+METHODS = ["allreduce", "fp16", "topk", "netsense", "overlap", "powersgd"]
+
+
+@dataclass
+class Ctx:
+    out: Path
+    cuda: bool  # run on the GPU (CUDA present and not --dry)
+    reason: str  # why not, when not
+
+
+@dataclass
+class Step:
+    name: str
+    status: str = "ok"
+    detail: str = ""
+    seconds: float = 0.0
+    data: dict = field(default_factory=dict)
+
+
+def run(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> int:
+    with open(log, "w") as fh:
+        try:
+            return subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env={**os.environ, **(env or {})}).returncode
+        except subprocess.TimeoutExpired:
+            fh.write(f"\n(timed out after {timeout:.0f}s)\n")
+            return 124
+
+
+# ---- 1 ----------------------------------------------------------------------------
+
+def cuda_tests(ctx: Ctx) -> Step:
+    step = Step("cuda-tests")
+    log = ctx.out / "cuda-tests.log"
+    if not ctx.cuda:
+        rc = run([PY, "-m", "pytest", "-q", "--collect-only", "-m", "cuda", "tests/test_compression.py"], log, 120)
+        collected = sum(1 for line in log.read_text().splitlines() if "[cuda]" in line)
+        if rc != 0 or collected == 0:
+            return Step(step.name, "failed", f"the CUDA variants did not collect (rc {rc}, {collected} found)")
+        return Step(step.name, "skipped", f"{collected} CUDA variants collected, not run: {ctx.reason}",
+                    data={"collected": collected})
+    xml = ctx.out / "cuda-tests.xml"
+    rc = run([PY, "-m", "pytest", "-q", "-rs", "-m", "cuda", "tests/test_compression.py", f"--junitxml={xml}"],
+             log, 300)
+    text = xml.read_text() if xml.exists() else ""
+    counts = {k: int(v) for k, v in (part.split("=") for part in _junit_counts(text))}
+    step.data = counts
+    if rc != 0 or counts.get("skipped", 0) or not counts.get("tests"):
+        step.status = "failed"
+    step.detail = ", ".join(f"{k} {v}" for k, v in counts.items()) + f" (log: {log.name})"
+    return step
+
+
+def _junit_counts(xml: str) -> list[str]:
+    import re
+
+    m = re.search(r"<testsuite [^>]*>", xml)
+    if not m:
+        return []
+    return [f"{k}={v}" for k, v in re.findall(r'\b(tests|failures|errors|skipped)="(\d+)"', m.group(0))]
+
+
+# ---- 2 ----------------------------------------------------------------------------
+
+def job_doc(name: str, profile: dict, device: str, steps: int) -> dict:
+    return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": name},
+            "spec": {"workers": 2,
+                     "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 1024, "batchSize": 32,
+                                  "maxSteps": steps, "evalEvery": 20, "backend": "gloo", "device": device,
+                                  "seed": 0},
+                     "compression": {"method": "overlap"},
+                     "network": {"profile": profile}}}
+
+
+def read_timeline(path: Path) -> list[dict]:
+    import csv
+
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def check_job_run(out: Path, device: str) -> tuple[list[str], dict]:
+    """What is wrong with one run (empty: nothing), and its figures."""
+    problems: list[str] = []
+    result = json.loads((out / "result.json").read_text())
+    rows = read_timeline(out / "timeline.csv")
+    losses = [float(r["loss"]) for r in rows if r.get("loss")]
+    rates = sorted({round(float(r["link_rate_mbit"])) for r in rows if r.get("link_rate_mbit")})
+    timer = "cuda-events" if device == "cuda" else "wall-clock"
+    if not result.get("device", "").startswith(device):
+        problems.append(f"trained on {result.get('device')}, not {device}")
+    if result.get("collective_timer") != timer:
+        problems.append(f"collectives timed by {result.get('collective_timer')}, not {timer}")
+    if len(losses) < 10 or not all(math.isfinite(x) for x in losses):
+        problems.append(f"{len(losses)} losses, finite: {all(math.isfinite(x) for x in losses)}")
+    elif sum(losses[-5:]) / 5 >= sum(losses[:5]) / 5:
+        problems.append(f"the loss did not fall ({losses[0]:.3f} -> {losses[-1]:.3f})")
+    collective = result.get("collective_rate_mbit")
+    # Times that end too early (a callback taken for completion) would show as a rate above the link.
+    if not collective or not rates or collective > 1.15 * max(rates):
+        problems.append(f"the collectives' timed rate {collective} Mbit/s is not under the link ({rates})")
+    figures = {"device": result.get("device"), "collective_timer": result.get("collective_timer"),
+               "steps": result.get("steps"), "first_loss": losses[0] if losses else None,
+               "last_loss": losses[-1] if losses else None, "link_rates_mbit": rates,
+               "collective_rate_mbit": collective, "comm_seconds": result.get("comm_seconds"),
+               "selection_ms_mean": result.get("selection_ms_mean")}
+    return problems, figures
+
+
+def shared_gpu_job(ctx: Ctx) -> Step:
+    step = Step("shared-gpu-job")
+    if os.geteuid() != 0:
+        return Step(step.name, "skipped", "needs root (network namespaces and tc for the emulated links)")
+    device = "cuda" if ctx.cuda else "cpu"
+    steps = 120 if ctx.cuda else 80
+    profiles = {"static": {"type": "static", "rate": "200Mbit"},
+                # the step lands early in the run (a step here takes ~40 ms: the run lasts 3-5 s)
+                "step": {"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"}, {"at": "1s", "rate": "50Mbit"}]}}
+    problems = []
+    for name, profile in profiles.items():
+        run_dir = ctx.out / f"job-{name}"
+        job_file = ctx.out / f"job-{name}.yaml"
+        job_file.write_text(json.dumps(job_doc(f"gpu-check-{name}", profile, device, steps)))
+        rc = run([PY, "-m", "netsense", "run", str(job_file), "--out", str(run_dir), "--quiet"],
+                 ctx.out / f"job-{name}.log", 240)
+        if rc != 0 or not (run_dir / "result.json").exists():
+            problems.append(f"{name}: netsense run exited {rc} (job-{name}.log)")
+            continue
+        found, figures = check_job_run(run_dir, device)
+        if name == "step" and len(figures["link_rates_mbit"]) < 2:
+            found.append(f"the step profile never changed the link ({figures['link_rates_mbit']})")
+        step.data[name] = figures
+        problems += [f"{name}: {p}" for p in found]
+    if problems:
+        return Step(step.name, "failed", "; ".join(problems), data=step.data)
+    where = "one GPU, 2 ranks over gloo" if ctx.cuda else f"CPU in place of the GPU ({ctx.reason})"
+    return Step(step.name, "ok" if ctx.cuda else "dry", f"trained on {where}; static and step profiles",
+                data=step.data)
+
+
+# ---- 3 ----------------------------------------------------------------------------
+
+def smoke(backend: str, device: str) -> dict:
+    """Every method's hook on a world-size-1 group: a few steps, parameters finite (runs in a child)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from netsense.compression import ddp_options, register
+
+    dist.init_process_group(backend, rank=0, world_size=1)
+    out = {}
+    try:
+        for method in METHODS:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+            config = {"method": method, **({"startIter": 2} if method == "powersgd" else {})}
+            ddp = DDP(model.to(device), device_ids=[0] if device == "cuda" else None, gradient_as_bucket_view=True,
+                      **ddp_options(config, backend))
+            state = register(ddp, config)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+            for i in range(6):
+                x = torch.randn(32, 64, device=device, generator=torch.Generator(device=device).manual_seed(i))
+                loss = torch.nn.functional.cross_entropy(ddp(x), (x[:, :10].argmax(1)))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            finite = all(bool(torch.isfinite(p).all()) for p in ddp.parameters())
+            history = state.telemetry() if hasattr(state, "telemetry") else []
+            out[method] = {"finite": finite, "loss": float(loss), "steps_recorded": len(history)}
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def nccl_smoke(ctx: Ctx) -> Step:
+    backend, device = ("nccl", "cuda") if ctx.cuda else ("gloo", "cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = ctx.out / "smoke.json"
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from check import smoke; "
+            f"json.dump(smoke({backend!r}, {device!r}), open({str(result)!r}, 'w'), indent=1)")
+    rc = run([PY, "-c", code], ctx.out / "smoke.log", 180,
+             env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    if rc != 0 or not result.exists():
+        return Step("nccl-smoke", "failed", f"exited {rc} (smoke.log)")
+    data = json.loads(result.read_text())
+    bad = [m for m, r in data.items() if not r["finite"]]
+    if bad or set(data) != set(METHODS):
+        return Step("nccl-smoke", "failed", f"non-finite parameters: {bad}; methods run: {sorted(data)}", data=data)
+    if ctx.cuda:
+        return Step("nccl-smoke", "ok", f"{len(data)} methods, world size 1 on NCCL", data=data)
+    return Step("nccl-smoke", "dry", f"{len(data)} methods on gloo and the CPU; NCCL not run: {ctx.reason}",
+                data=data)
+
+
+# ---- 4 ----------------------------------------------------------------------------
+
+def selection(ctx: Ctx) -> Step:
+    rows = ctx.out / "selection.json"
+    if ctx.cuda:
+        args = ["--device", "cuda", "--model", "resnet18,vgg16", "--repeats", "10"]
+    else:
+        args = ["--device", "cpu", "--model", "mlp", "--densities", "0.01,0.1", "--repeats", "2"]
+    rc = run([PY, "testbed/bench_selection.py", *args, "--json", str(rows)], ctx.out / "selection.txt", 240)
+    if rc != 0 or not rows.exists():
+        return Step("selection", "failed", f"bench_selection exited {rc} (selection.txt)")
+    data = json.loads(rows.read_text())
+    at_1pct = [r for r in data if r["density"] == 0.01 and r["path"] == "pytorch"]
+    detail = "; ".join(f"{r['model']}: {r['select_ms'] + r['decode_ms']:.2f} ms at density 0.01 = "
+                       f"{100 * r['overhead_x_step']:.1f}% of a {r['compute_step_ms']:.1f} ms step" for r in at_1pct)
+    if ctx.cuda:
+        return Step("selection", "ok", detail, data={"rows": data})
+    return Step("selection", "dry", f"{detail} (CPU, mlp; ResNet18/VGG16 on a GPU: {ctx.reason})",
+                data={"rows": data})
+
+
+# ---- the run ----------------------------------------------------------------------
+
+def machine() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "host": platform.node(),
+            "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                    nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return info
+
+
+def write_summary(out: Path, info: dict, steps: list[Step]) -> None:
+    (out / "summary.json").write_text(json.dumps({"machine": info, "steps": [asdict(s) for s in steps]}, indent=1))
+    lines = [f"# GPU check: {info.get('gpu', 'no GPU (dry run)')}", "",
+             f"torch {info['torch']}" + (f", CUDA {info['cuda']}, NCCL {info['nccl']}" if "gpu" in info else ""), "",
+             "| step | status | seconds | detail |", "|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} |" for s in steps]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="Check the GPU path (CUDA tests, a shared-GPU job on shaped links, "
+                                             "an NCCL smoke, selection overhead); --dry runs it on the CPU.")
+    ap.add_argument("--dry", action="store_true", help="run on the CPU even where CUDA is available")
+    ap.add_argument("--out", default=None, help="results folder (default runs/gpu-check-<time>)")
+    ap.add_argument("--only", default=None, help="comma-separated steps to run (cuda-tests, shared-gpu-job, "
+                                                 "nccl-smoke, selection)")
+    args = ap.parse_args()
+    import torch
+
+    out = Path(args.out or REPO / "runs" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.dry:
+        reason = "--dry"
+    elif not torch.cuda.is_available():
+        reason = "no CUDA device (torch.cuda.is_available() is false)"
+    else:
+        reason = ""
+    ctx = Ctx(out, cuda=not reason, reason=reason)
+    info = machine()
+    print(f"gpu check: {info.get('gpu') or 'dry run: ' + reason}; results in {out}", flush=True)
+    steps = []
+    for fn in (cuda_tests, shared_gpu_job, nccl_smoke, selection):
+        name = fn.__name__.replace("_", "-")
+        if args.only and name not in args.only.split(","):
+            continue
+        start = time.monotonic()
+        print(f"--- {name}", flush=True)
+        try:
+            s = fn(ctx)
+        except Exception as e:  # a step that breaks is a failed step; the others still run
+            s = Step(name, "failed", f"{type(e).__name__}: {e}")
+        s.seconds = time.monotonic() - start
+        print(f"    {s.status}: {s.detail}", flush=True)
+        steps.append(s)
+    write_summary(out, info, steps)
+    failed = [s.name for s in steps if s.status == "failed"]
+    print(f"gpu check: {len(steps) - len(failed)}/{len(steps)} steps without failure"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f" ({out}/summary.md)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

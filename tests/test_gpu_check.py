@@ -1,0 +1,33 @@
+"""testbed/gpu/check.sh in its dry mode: every step of the GPU check runs on the CPU (or says why it
+cannot), so the script a GPU machine runs has not rotted by the time one is lent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.root
+def test_the_gpu_check_runs_dry_on_the_cpu_and_says_what_it_skipped(tmp_path):
+    out = tmp_path / "gpu-check"
+    proc = subprocess.run(["bash", os.path.join(REPO, "testbed", "gpu", "check.sh"), "--dry", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps) == ["cuda-tests", "shared-gpu-job", "nccl-smoke", "selection"]
+    assert steps["cuda-tests"]["status"] == "skipped" and steps["cuda-tests"]["data"]["collected"] >= 5
+    assert "--dry" in steps["cuda-tests"]["detail"]  # the reason is said, not implied
+    for name in ("shared-gpu-job", "nccl-smoke", "selection"):
+        assert steps[name]["status"] == "dry", steps[name]
+    job = steps["shared-gpu-job"]["data"]
+    assert job["static"]["collective_timer"] == "wall-clock" and job["static"]["device"] == "cpu"
+    assert job["step"]["link_rates_mbit"] == [50, 200]
+    assert job["static"]["last_loss"] < job["static"]["first_loss"]
+    assert set(steps["nccl-smoke"]["data"]) == {"allreduce", "fp16", "topk", "netsense", "overlap", "powersgd"}
+    assert (out / "summary.md").read_text().startswith("# GPU check: no GPU (dry run)")
