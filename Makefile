@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml | sha1sum | cut -c1-12)
 # The CUDA build of torch from PyPI is several GB; pip's cache (~/.cache/pip) keeps
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
@@ -21,10 +21,10 @@ help:
 	@echo "make kind-e2e   kind cluster end to end (needs Docker and kind)"
 	@echo "make gpu-check  the GPU path on this machine's GPU (testbed/gpu/check.sh; dry on the CPU without one)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml operator/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(PIP_FLAGS) -q --upgrade pip
-	$(BIN)/pip install $(PIP_FLAGS) -q -e '.[train,operator,dev]'
+	$(BIN)/pip install $(PIP_FLAGS) -q -e '.[train,cluster,dev]' -e ./operator
 	rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
@@ -61,4 +61,4 @@ gpu-check:
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
-	-$(BIN)/netsense testbed clean
+	-$(BIN)/netsense clean

@@ -6,7 +6,8 @@ FROM ${BASE}
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY netsense ./netsense
-RUN pip install --no-cache-dir '.[operator]' && rm -rf /src
+COPY operator ./operator
+RUN pip install --no-cache-dir . ./operator && rm -rf /src
 WORKDIR /
 USER 65532:65532
 CMD ["netsense", "operator"]

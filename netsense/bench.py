@@ -106,7 +106,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
 # ---- running ------------------------------------------------------------------------
 
 def run_local(cell: Cell, out_dir: str) -> dict:
-    from netsense.testbed.runner import RunFailed, run_job
+    from netsense.emulation.runner import RunFailed, run_job
 
     job = parse_job(cell.job)
     try:
@@ -119,7 +119,7 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
     """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result."""
     from kubernetes import client
 
-    from netsense.kube import load_kube_config
+    from netsense.kubeclient import load_kube_config
 
     load_kube_config()
     api = client.CustomObjectsApi()

@@ -16,6 +16,7 @@ import time
 
 import yaml
 
+from netsense.errors import NetsenseError
 from netsense.spec import SpecError, check_local, load_job
 from netsense.spec.job import inline_trace_file, read_yaml
 from netsense.spec.schema import Errors, Issue
@@ -26,7 +27,7 @@ EPILOG = """examples:
   netsense bench testbed/grids/ci.yaml --out runs/bench
   netsense shape --dev eth0 --rate 200Mbit
   netsense shape --dev eth0 --profile profile.yaml --direction both
-  netsense testbed clean
+  netsense clean
 """
 
 
@@ -53,7 +54,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from netsense.testbed.runner import run_job
+    from netsense.emulation.runner import run_job
 
     job = load_job(args.job)
     check_local(job)
@@ -130,8 +131,12 @@ def cmd_worker(_args) -> int:
 
 
 def cmd_operator(args) -> int:
-    from netsense.kube.main import run_operator
-
+    try:
+        from netsense_operator.main import run_operator
+    except ImportError as e:
+        print(f"netsense operator: the operator is a distribution of its own (operator/): "
+              f"pip install ./operator ({e})", file=sys.stderr)
+        return 2
     return run_operator(namespaces=args.namespace, liveness=args.liveness)
 
 
@@ -147,8 +152,8 @@ def cmd_bench(args) -> int:
     return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds)
 
 
-def cmd_testbed_clean(args) -> int:
-    from netsense.testbed.cluster import clean, preflight
+def cmd_clean(args) -> int:
+    from netsense.emulation.cluster import clean, preflight
 
     preflight(None)
     removed = clean(everything=args.all)
@@ -227,11 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     s.set_defaults(fn=cmd_operator)
 
-    s = sub.add_parser("testbed", help="manage the local testbed")
+    s = sub.add_parser("clean", help="remove the network namespaces (and their processes) left by killed runs")
+    s.add_argument("--all", action="store_true", help="also those of runs still alive")
+    s.set_defaults(fn=cmd_clean)
+    # The earlier spelling, kept for scripts that have it.
+    s = sub.add_parser("testbed", help="deprecated: `netsense testbed clean` is `netsense clean`")
     tsub = s.add_subparsers(dest="testbed_command", required=True, metavar="ACTION")
-    c = tsub.add_parser("clean", help="remove namespaces left by killed runs")
+    c = tsub.add_parser("clean", help="the same as `netsense clean`")
     c.add_argument("--all", action="store_true", help="also those of runs still alive")
-    c.set_defaults(fn=cmd_testbed_clean)
+    c.set_defaults(fn=cmd_clean)
 
     s = sub.add_parser("crd", help="print the NetSenseJob CRD (generated from the spec)")
     s.set_defaults(fn=cmd_crd)
@@ -242,14 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
-    from netsense.testbed.cluster import TestbedError
-
     try:
         return args.fn(args)
-    except SpecError as e:
-        return _fail(str(e), 2)
-    except TestbedError as e:
-        return _fail(str(e), 1)
+    except NetsenseError as e:
+        return _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted; everything it started was cleaned up", 130)
     except Terminated:
@@ -257,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a one-line reason, never a traceback, for expected failures
         if os.environ.get("NETSENSE_DEBUG"):
             raise
-        return _fail(f"{type(e).__name__}: {e}" if not type(e).__name__ == "RunFailed" else str(e), 1)
+        return _fail(f"{type(e).__name__}: {e}", 1)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from netsense.errors import BadInput
+
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
@@ -22,7 +24,7 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?$"
 PERCENT_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*%$"
 
 
-class UnitError(ValueError):
+class UnitError(BadInput, ValueError):
     """A value that is not a rate/duration/percentage; the message says why."""
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from netsense.emulation.bulk import payload_rates
+from netsense.emulation.cluster import LocalCluster
 from netsense.shaping.profiles import build_profile
-from netsense.testbed.bulk import payload_rates
-from netsense.testbed.cluster import LocalCluster
 
 TITLE = ("# Payload after idle: apparent rate at the receiver / configured rate (median of 3; after 100 ms idle)\n\n"
          "Reproduce: `python testbed/link.py --out testbed/results/link.md` (root).")

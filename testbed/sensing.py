@@ -22,8 +22,8 @@ import os
 import statistics
 import sys
 
+from netsense.emulation.runner import run_job
 from netsense.spec import parse_spec
-from netsense.testbed.runner import run_job
 
 
 def job(method: str, profile: dict, steps: int) -> dict:

@@ -1,9 +1,9 @@
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# tests/support (the control plane, the kubelet stand-in, spawned ranks) is imported as `support`: pytest
+# puts tests/ on sys.path (rootdir-relative "prepend" imports), so no path editing here.
 
 IS_ROOT = os.geteuid() == 0
 
@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
     """etcd + kube-apiserver (envtest-style), with the NetSenseJob CRD installed."""
-    from netsense.testbed.envtest import ControlPlane, EnvtestError, binaries_dir, install_crd
+    from support.envtest import ControlPlane, EnvtestError, binaries_dir, install_crd
 
     try:
         bins = binaries_dir(build=True)
@@ -36,7 +36,7 @@ def control_plane(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def kube(control_plane):
-    from kube import Kube
+    from support.kube import Kube
 
     return Kube(control_plane.kubeconfig)
 
@@ -44,7 +44,7 @@ def kube(control_plane):
 @pytest.fixture(scope="session")
 def operator_kubeconfig(control_plane, kube):
     """The operator's identity: a ServiceAccount token with exactly manifests/base/rbac.yaml."""
-    from kube import REPO
+    from support.kube import REPO
 
     kube.apply_file(os.path.join(REPO, "manifests", "base", "namespace.yaml"))
     kube.apply_file(os.path.join(REPO, "manifests", "base", "rbac.yaml"))
@@ -53,7 +53,7 @@ def operator_kubeconfig(control_plane, kube):
 
 @pytest.fixture(scope="session")
 def operator(operator_kubeconfig, tmp_path_factory):
-    from kube import OperatorProcess
+    from support.kube import OperatorProcess
 
     op = OperatorProcess(operator_kubeconfig, str(tmp_path_factory.mktemp("operator") / "operator.log")).start()
     yield op

@@ -13,14 +13,9 @@ import time
 import pytest
 import yaml
 
-from netsense.shaping.profiles import build_profile
-from netsense.shaping.queue import DelayHistogram, LinkStats
-from netsense.shaping.shaper import write_clock
-from netsense.shaping.tc import qdiscs
-from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
-from netsense.testbed import cluster as cl
-from netsense.testbed.bottleneck import cross_samples, queue_samples, summarize
-from netsense.testbed.bulk import (
+from netsense.emulation import cluster as cl
+from netsense.emulation.bottleneck import cross_samples, queue_samples, summarize
+from netsense.emulation.bulk import (
     available_congestion_control,
     best_second,
     bulk_result,
@@ -28,8 +23,13 @@ from netsense.testbed.bulk import (
     rate_between,
     start_bulk,
 )
-from netsense.testbed.cluster import LocalCluster, list_namespaces
-from netsense.testbed.cross import Flow, flows_from_spec
+from netsense.emulation.cluster import LocalCluster, list_namespaces
+from netsense.emulation.cross import Flow, flows_from_spec
+from netsense.shaping.profiles import build_profile
+from netsense.shaping.queue import DelayHistogram, LinkStats
+from netsense.shaping.shaper import write_clock
+from netsense.shaping.tc import qdiscs
+from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
 
 MBIT = 1e6
 
@@ -196,7 +196,7 @@ def test_the_queue_builds_and_drops_when_the_link_is_oversubscribed_and_stays_em
 
 @pytest.mark.root
 def test_a_training_job_gets_less_of_the_shared_link_once_cross_traffic_starts(tmp_path, nothing_left_behind):
-    from netsense.testbed.runner import run_job
+    from netsense.emulation.runner import run_job
 
     spec = {"workers": 2,
             "training": {"model": "mlp", "hiddenSize": 256, "dataset": "digits", "batchSize": 32, "lr": 0.05,
@@ -223,6 +223,6 @@ def test_a_training_job_gets_less_of_the_shared_link_once_cross_traffic_starts(t
     assert all(s["cross_mbit"] == 0 for s in steps if s["time"] < 5.5)
     assert {"up0", "up1"} <= set(result["bottleneck"]["links"])
     assert os.path.exists(os.path.join(out, "timeline.png"))
-    left = subprocess.run(["pgrep", "-f", "netsense.testbed.cross|netsense.shaping.queue"], capture_output=True)
+    left = subprocess.run(["pgrep", "-f", "netsense.emulation.cross|netsense.shaping.queue"], capture_output=True)
     assert left.stdout == b"", "cross traffic or a queue sampler outlived the run"
     json.dumps(result)  # result.json stays plain JSON

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from distutil import run_world
+from support.ranks import run_world
 
 from netsense.compression import validate_config
 from netsense.compression.selection import Workspace, topk_indices

@@ -11,8 +11,8 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from netsense_operator import resources as res
 
-from netsense.kube import resources as res
 from netsense.spec import load_job
 from netsense.spec.job import DEFAULT_IMAGE
 
@@ -24,7 +24,7 @@ OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/kind", "manifests
 
 @pytest.fixture(scope="module")
 def kubectl():
-    from netsense.testbed.envtest import EnvtestError, binaries_dir
+    from support.envtest import EnvtestError, binaries_dir
 
     try:
         path = os.path.join(binaries_dir(build=True), "kubectl")

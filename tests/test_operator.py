@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 import yaml
-from kube import REPO, OperatorProcess, wait_for
 from kubernetes import client
+from support.kube import REPO, OperatorProcess, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -484,7 +484,7 @@ def test_active_deadline_and_ttl(kube, ns, operator):
 
 
 def test_the_operator_identity_has_no_more_than_it_needs(kube, operator_kubeconfig):
-    from kube import Kube
+    from support.kube import Kube
 
     restricted = Kube(operator_kubeconfig)
     with pytest.raises(client.ApiException) as e:
@@ -524,8 +524,9 @@ def test_fifty_jobs_at_once_all_get_pods_and_a_phase_within_60s_and_quiet_jobs_c
 
 
 def test_the_status_shows_the_first_profile_step_until_training_starts():
-    from netsense.kube.handlers import _network_status
-    from netsense.kube.status import last_progress
+    from netsense_operator.handlers import _network_status
+    from netsense_operator.status import last_progress
+
     from netsense.spec import parse_spec
 
     job = parse_spec(quick_spec(network={"profile": {"type": "steps", "steps": [
@@ -538,7 +539,7 @@ def test_the_status_shows_the_first_profile_step_until_training_starts():
 
 
 def test_waiting_reasons_name_the_container_or_the_scheduler():
-    from netsense.kube.status import waiting_reason
+    from netsense_operator.status import waiting_reason
 
     unschedulable = {"status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                 "message": "0/3 nodes: 3 Insufficient nvidia.com/gpu."}]}}
@@ -563,9 +564,10 @@ def test_the_control_plane_dies_with_the_process_that_started_it(control_plane):
     import subprocess
     import sys
 
-    code = ("import time\nfrom netsense.testbed.envtest import ControlPlane\n"
+    code = ("import time\nfrom support.envtest import ControlPlane\n"
             f"cp = ControlPlane({control_plane.bin_dir!r}).__enter__()\nprint(cp.dir, flush=True)\ntime.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.join(REPO, "tests"))
     workdir = parent.stdout.readline().strip()
 
     def running() -> list[str]:
@@ -575,3 +577,29 @@ def test_the_control_plane_dies_with_the_process_that_started_it(control_plane):
     parent.kill()
     parent.wait()
     wait_for(lambda: not running(), timeout=10, what="etcd and kube-apiserver gone")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT-while-ignored"])
+def test_the_standalone_control_plane_stops_on_sigterm_and_on_ctrl_c_even_when_started_ignoring_it(
+        control_plane, sig):
+    """`python -m support.envtest` under a supervisor (SIGTERM), or started by a script without job control
+    (SIGINT ignored, inherited): either way nothing is left running."""
+    import signal
+    import subprocess
+    import sys
+
+    ignore_int = sig.startswith("SIGINT")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "support.envtest"], cwd=os.path.join(REPO, "tests"), stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "KUBEBUILDER_ASSETS": control_plane.bin_dir},
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None)
+    kubeconfig = proc.stdout.readline().split("=", 1)[1].split()[0]
+    workdir = os.path.dirname(kubeconfig)
+
+    def running() -> list[str]:
+        return subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
+
+    assert len(running()) == 2, "etcd and kube-apiserver should be up"
+    proc.send_signal(signal.SIGINT if ignore_int else signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert not running() and not os.path.exists(workdir)

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from netsense.testbed import cluster as cl
+from netsense.emulation import cluster as cl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETSENSE = [sys.executable, "-m", "netsense"]

@@ -13,12 +13,18 @@ import time
 
 import pytest
 
+from netsense.emulation import cluster as cl
+from netsense.emulation.bulk import (
+    best_second,
+    bulk_result,
+    payload_rates,
+    rate_between,
+    start_bulk,
+)
+from netsense.emulation.cluster import LocalCluster, kernel_has_netem, list_namespaces
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import NO_NETEM, gso_max_segs, qdiscs
-from netsense.testbed import cluster as cl
-from netsense.testbed.bulk import best_second, bulk_result, payload_rates, rate_between, start_bulk
-from netsense.testbed.cluster import LocalCluster, kernel_has_netem, list_namespaces
 
 pytestmark = pytest.mark.root
 
@@ -143,8 +149,10 @@ def test_cleanup_after_an_exception_inside_the_cluster():
     assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode != 0
 
 
-def test_testbed_clean_removes_what_a_killed_run_left():
-    code = ("from netsense.testbed.cluster import LocalCluster; import time; "
+def test_netsense_clean_removes_what_a_killed_run_left(capsys):
+    from netsense.cli import main
+
+    code = ("from netsense.emulation.cluster import LocalCluster; import time; "
             "c = LocalCluster(2).__enter__(); print(c.id, flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     run_id = proc.stdout.readline().strip()
@@ -152,15 +160,17 @@ def test_testbed_clean_removes_what_a_killed_run_left():
     assert len(left) == 3
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    removed = cl.clean()
-    assert set(left) <= set(removed)
+    assert main(["clean"]) == 0
+    said = capsys.readouterr().out
+    assert all(ns in said for ns in left)
+    assert not set(left) & set(ours())
 
 
 def test_netem_profiles_fail_clearly_or_add_delay():
     profile = build_profile({"type": "static", "rate": "100Mbit", "delay": "20ms"})
     if not kernel_has_netem():
         before = set(list_namespaces())
-        with pytest.raises(cl.TestbedError, match="no netem"):
+        with pytest.raises(cl.EmulationError, match="no netem"):
             LocalCluster(2, profile).__enter__()
         assert set(list_namespaces()) == before, "created something before failing"
         assert NO_NETEM.startswith("this kernel has no netem")

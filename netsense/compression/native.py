@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from netsense.compression.selection import SAMPLE, Workspace
+from netsense.errors import NetsenseError
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -march=native: F16C converts halves in hardware (GCC emulates _Float16 in software
@@ -37,7 +38,7 @@ SOURCE = Path(__file__).with_name("native.cpp")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno"]
 
 
-class NativeUnavailable(RuntimeError):
+class NativeUnavailable(NetsenseError, RuntimeError):
     pass
 
 

@@ -58,6 +58,7 @@ import logging
 import subprocess
 from dataclasses import dataclass
 
+from netsense.errors import NetsenseError
 from netsense.shaping.profiles import Impairments
 
 log = logging.getLogger("netsense.tc")
@@ -65,7 +66,7 @@ log = logging.getLogger("netsense.tc")
 NO_NETEM = "this kernel has no netem qdisc: delay/jitter/loss profiles cannot run here"
 
 
-class TcError(RuntimeError):
+class TcError(NetsenseError, RuntimeError):
     pass
 
 

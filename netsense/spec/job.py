@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from netsense import units
+from netsense.errors import BadInput
 from netsense.spec import podtemplate
 from netsense.spec.schema import (
     MISSING,
@@ -284,7 +285,7 @@ METADATA = Obj({
 })
 
 
-class SpecError(ValueError):
+class SpecError(BadInput, ValueError):
     """Every problem found in a job, each with its field path."""
 
     def __init__(self, issues: list[Issue]):

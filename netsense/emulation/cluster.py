@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TextIO
 
+from netsense.errors import NetsenseError
 from netsense.shaping.profiles import Profile
 from netsense.shaping.shaper import ProfileFollower
 from netsense.shaping.tc import NO_NETEM, TcLink, gso_segs_below, set_gso_max_segs
@@ -56,14 +57,14 @@ TOPOLOGIES = ("per-host", "shared")
 STATE_DIR = os.environ.get("NETSENSE_STATE_DIR", "/run/netsense")
 
 
-class TestbedError(RuntimeError):
-    """The testbed cannot run here; the message says why (before anything is created)."""
+class EmulationError(NetsenseError, RuntimeError):
+    """The emulated cluster cannot run here; the message says why (before anything is created)."""
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise TestbedError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+        raise EmulationError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
     return proc
 
 
@@ -86,12 +87,12 @@ def kernel_has_netem() -> bool:
 
 def preflight(profile: Profile | None) -> None:
     if os.geteuid() != 0:
-        raise TestbedError("the local testbed needs root (network namespaces and tc); run it with sudo")
+        raise EmulationError("the local testbed needs root (network namespaces and tc); run it with sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise TestbedError(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")
+            raise EmulationError(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")
     if profile is not None and profile.impairments.any and not kernel_has_netem():
-        raise TestbedError(NO_NETEM)
+        raise EmulationError(NO_NETEM)
 
 
 class LocalCluster:
@@ -102,11 +103,11 @@ class LocalCluster:
         (the trainers write it at their first step); else when the cluster is up.
         ``cross_hosts``: add x0 and x1 for cross traffic (shared topology)."""
         if hosts < 1 or hosts > 250:
-            raise TestbedError(f"hosts must be between 1 and 250 (got {hosts})")
+            raise EmulationError(f"hosts must be between 1 and 250 (got {hosts})")
         if topology not in TOPOLOGIES:
-            raise TestbedError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {topology!r})")
+            raise EmulationError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {topology!r})")
         if cross_hosts and topology != "shared":
-            raise TestbedError("cross traffic needs the shared topology (it competes at the shared link)")
+            raise EmulationError("cross traffic needs the shared topology (it competes at the shared link)")
         self.hosts = hosts
         self.profile = profile
         self.direction = direction

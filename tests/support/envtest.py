@@ -9,7 +9,7 @@ modules and cached) or from $KUBEBUILDER_ASSETS.
         cp.kubeconfig                   # admin (system:masters) kubeconfig path
         cp.token_kubeconfig(sa, ns)     # a restricted identity, for RBAC tests
 
-``python -m netsense.testbed.envtest`` starts one and prints its kubeconfig
+``python -m tests.support.envtest`` starts one and prints its kubeconfig
 until Ctrl-C, for poking at it with kubectl.
 """
 
@@ -236,10 +236,20 @@ def install_crd(kubeconfig: str, timeout: float = 30) -> None:
     raise EnvtestError("the NetSenseJob CRD never became Established")
 
 
+def _stop_on(*signals: int) -> None:
+    """Raise KeyboardInterrupt on these signals: SIGTERM (a supervisor, a CI timeout) stops the control plane
+    as Ctrl-C does, and so does SIGINT where a shell without job control started us with it ignored."""
+    def handler(*_):
+        raise KeyboardInterrupt
+    for sig in signals:
+        signal.signal(sig, handler)
+
+
 if __name__ == "__main__":
+    _stop_on(signal.SIGINT, signal.SIGTERM)
     with ControlPlane() as cp:
         install_crd(cp.kubeconfig)
-        print(f"export KUBECONFIG={cp.kubeconfig}   # Ctrl-C stops the control plane", flush=True)
+        print(f"export KUBECONFIG={cp.kubeconfig}   # Ctrl-C or SIGTERM stops the control plane", flush=True)
         try:
             while True:
                 time.sleep(3600)

@@ -1,9 +1,9 @@
 """Minimal TCP transfers for measuring a shaped link (counted at the receiver).
 
-    python -m netsense.testbed.bulk recv PORT SECONDS   # prints JSON: bytes per 0.1 s bin
-    python -m netsense.testbed.bulk send HOST PORT SECONDS [CONGESTION_CONTROL]
-    python -m netsense.testbed.bulk recv-payloads PORT SIZE...           # prints JSON: completion times
-    python -m netsense.testbed.bulk send-payloads HOST PORT GAP SIZE...  # prints JSON: start times
+    python -m netsense.emulation.bulk recv PORT SECONDS   # prints JSON: bytes per 0.1 s bin
+    python -m netsense.emulation.bulk send HOST PORT SECONDS [CONGESTION_CONTROL]
+    python -m netsense.emulation.bulk recv-payloads PORT SIZE...           # prints JSON: completion times
+    python -m netsense.emulation.bulk send-payloads HOST PORT GAP SIZE...  # prints JSON: start times
 
 Bulk: counting at the sender would include socket buffers (~20% high at 10
 Mbit), so the receiver reports; bins let tests see when a rate change took effect.
@@ -133,7 +133,7 @@ def start_bulk(cluster, seconds: float, src: int = 0, dst: int = 1, port: int = 
     """A bulk TCP flow from host src to host dst of a LocalCluster for ``seconds``; several may run at once
     (give each its own port); ``cc``: its congestion control (default: the namespace's). Returns a handle for
     bulk_result."""
-    me = [sys.executable, "-m", "netsense.testbed.bulk"]
+    me = [sys.executable, "-m", "netsense.emulation.bulk"]
     recv = cluster.spawn(dst, [*me, "recv", str(port), str(seconds + 10)], stdout=subprocess.PIPE)
     time.sleep(0.3)
     send = cluster.spawn(src, [*me, "send", cluster.address(dst), str(port), str(seconds), *([cc] if cc else [])])
@@ -169,7 +169,7 @@ def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, 
     reps, or with fastest the fastest rep. Scheduling noise on a busy machine only ever slows a payload, so the
     fastest rep is the closest reading of the shaper, and the strictest test of a payload outrunning it."""
     sizes = [s for s in sizes for _ in range(reps)]
-    me = [sys.executable, "-m", "netsense.testbed.bulk"]
+    me = [sys.executable, "-m", "netsense.emulation.bulk"]
     recv = cluster.spawn(1, [*me, "recv-payloads", str(port), *map(str, sizes)], stdout=subprocess.PIPE)
     time.sleep(0.3)
     send = cluster.spawn(0, [*me, "send-payloads", cluster.address(1), str(port), str(gap_s), *map(str, sizes)],

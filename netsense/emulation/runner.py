@@ -18,17 +18,18 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from netsense.emulation.bottleneck import Observers, cross_samples, queue_samples, summarize
+from netsense.emulation.cluster import LocalCluster
+from netsense.errors import NetsenseError
 from netsense.shaping.profiles import build_profile
 from netsense.spec import Job
-from netsense.testbed.bottleneck import Observers, cross_samples, queue_samples, summarize
-from netsense.testbed.cluster import LocalCluster
 from netsense.train.results import plot, write_result
 
 MASTER_PORT = 29500
 
 
-class RunFailed(RuntimeError):
-    pass
+class RunFailed(NetsenseError, RuntimeError):
+    """A worker failed; the message is its own reason."""
 
 
 @dataclass

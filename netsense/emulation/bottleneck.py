@@ -2,7 +2,7 @@
 
 ``Observers`` starts, beside the workers, a queue sampler in the namespace of
 every shaped link (netsense.shaping.queue: backlog, queueing delay and drops
-every 10 ms into queue.csv) and the cross traffic (netsense.testbed.cross:
+every 10 ms into queue.csv) and the cross traffic (netsense.emulation.cross:
 each flow's goodput into cross_traffic.csv). Both run on the training clock
 and die with the cluster. After the run, ``summarize`` adds to each step of
 timeline.csv the worst queueing delay and the drops during it and the cross
@@ -21,10 +21,10 @@ import statistics
 import sys
 from dataclasses import asdict
 
+from netsense.emulation.bulk import available_congestion_control
+from netsense.emulation.cluster import EmulationError, LocalCluster
+from netsense.emulation.cross import BIN_S, Flow, flows_from_spec
 from netsense.shaping.queue import read_rows, read_summary
-from netsense.testbed.bulk import available_congestion_control
-from netsense.testbed.cluster import LocalCluster, TestbedError
-from netsense.testbed.cross import BIN_S, Flow, flows_from_spec
 
 CROSS_PORT = 5201
 STEP_FIELDS = ["queue_delay_max_ms", "drops", "cross_mbit"]
@@ -37,12 +37,12 @@ class Observers:
         self.flows = flows_from_spec(self.cross_traffic)
 
     def start(self) -> None:
-        """Raises TestbedError (before starting anything) for a congestion control this kernel lacks."""
+        """Raises EmulationError (before starting anything) for a congestion control this kernel lacks."""
         available = available_congestion_control().split()
         for i, entry in enumerate(self.cross_traffic):
             cc = entry.get("congestionControl")
             if cc and cc not in available:
-                raise TestbedError(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
+                raise EmulationError(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
                                    f"kernel (available: {' '.join(available)})")
         me = sys.executable
         if self.cluster.shaped:  # one sampler reads every shaped link, whichever namespace it is in
@@ -55,10 +55,10 @@ class Observers:
                                       stderr=log)
         if self.flows:
             c = self.cluster
-            c.spawn_in(c.cross_ns(1), [me, "-m", "netsense.testbed.cross", "recv", str(CROSS_PORT), self.clock,
+            c.spawn_in(c.cross_ns(1), [me, "-m", "netsense.emulation.cross", "recv", str(CROSS_PORT), self.clock,
                                        os.path.join(self.out_dir, "cross_traffic.csv")])
             flows = json.dumps([asdict(f) for f in self.flows])
-            c.spawn_in(c.cross_ns(0), [me, "-m", "netsense.testbed.cross", "send", c.cross_address(1),
+            c.spawn_in(c.cross_ns(0), [me, "-m", "netsense.emulation.cross", "send", c.cross_address(1),
                                        str(CROSS_PORT), self.clock, flows])
 
 

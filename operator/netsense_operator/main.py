@@ -13,7 +13,7 @@ STOP_S = 10
 def run_operator(namespaces: list[str] | None = None, liveness: str | None = None) -> int:
     import kopf
 
-    import netsense.kube.handlers  # noqa: F401  (registers the handlers)
+    import netsense_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=False)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
@@ -22,8 +22,8 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     elector = None
     if os.environ.get("NETSENSE_LEADER_ELECTION", "true") != "false":
-        from netsense.kube import load_kube_config
-        from netsense.kube.leader import LeaseElector
+        from netsense.kubeclient import load_kube_config
+        from netsense_operator.leader import LeaseElector
 
         load_kube_config()
         elector = LeaseElector(os.environ.get("NETSENSE_LEASE_NAMESPACE", "netsense-system"))

@@ -15,7 +15,7 @@ from kubernetes import client, config, utils
 
 from netsense.spec import GROUP, PLURAL, VERSION
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Kube:

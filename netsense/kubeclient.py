@@ -1,4 +1,6 @@
-"""The NetSenseJob Kubernetes operator (kopf). Imports no torch: the operator image stays small."""
+"""Credentials for a Kubernetes API server, shared by the operator and `netsense bench --cluster`."""
+
+from __future__ import annotations
 
 import os
 

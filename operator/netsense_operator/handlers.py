@@ -28,12 +28,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from netsense import units
-from netsense.kube import load_kube_config, metrics
-from netsense.kube import resources as res
-from netsense.kube import status as st
-from netsense.kube.metrics import METRICS
+from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
+from netsense_operator import metrics
+from netsense_operator import resources as res
+from netsense_operator import status as st
+from netsense_operator.metrics import METRICS
 
 RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
 # The shaping sidecar's image, chosen by whoever installs the operator (a digest pins it), not by each job.

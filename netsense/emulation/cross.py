@@ -1,13 +1,13 @@
 """Cross traffic: background TCP flows that compete with training at the shared link.
 
 The runner starts one sender in host x0 (rack A) and one receiver in x1 (rack
-B) of a shared-topology cluster (netsense.testbed.cluster). Flows follow the
+B) of a shared-topology cluster (netsense.emulation.cluster). Flows follow the
 job's schedule (``spec.network.crossTraffic``) on the training clock, like the
 bandwidth profile: a flow sends while the clock runs and the schedule has it
 on, and stands still while the trainer evaluates (the clock stands then).
 
-    python -m netsense.testbed.cross recv PORT CLOCK OUT.csv
-    python -m netsense.testbed.cross send ADDR PORT CLOCK FLOWS_JSON
+    python -m netsense.emulation.cross recv PORT CLOCK OUT.csv
+    python -m netsense.emulation.cross send ADDR PORT CLOCK FLOWS_JSON
 
 The receiver writes one row per flow every 100 ms of wall time that the clock
 ran: the training clock at the end of the interval, the flow, its bytes and
@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 
 from netsense import units
+from netsense.emulation.bulk import set_congestion_control
 from netsense.shaping.shaper import clock_seconds, read_clock
-from netsense.testbed.bulk import set_congestion_control
 
 BIN_S = 0.1
 CHUNK = 64 * 1024

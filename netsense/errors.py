@@ -1,0 +1,16 @@
+"""One base for the failures netsense reports as a one-line reason (never a traceback); the CLI exits
+with the error's own code."""
+
+from __future__ import annotations
+
+
+class NetsenseError(Exception):
+    """A failure whose message says what went wrong and what to do; exit code 1 (a failure while running)."""
+
+    exit_code = 1
+
+
+class BadInput(NetsenseError):
+    """The input is wrong and nothing was created; exit code 2."""
+
+    exit_code = 2
