@@ -94,7 +94,7 @@ def test_a_scenario_may_set_the_whole_network_and_rows_report_the_bottleneck(tmp
 
 
 def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path, monkeypatch):
-    import netsense.bench as bench
+    from netsense.bench import cells, report
 
     order, lone = [], iter([100.0, 140.0])  # the machine drifted between before and after
 
@@ -103,8 +103,8 @@ def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path
         sps = next(lone) if cell.method == "ceiling" else 120.0
         return _r(cell.method, cell.scenario, cell.seed, 1.0, sps)
 
-    monkeypatch.setattr(bench, "run_local", fake_run)
-    monkeypatch.setattr(bench, "plots", lambda *a: [])
+    monkeypatch.setattr(cells, "run_local", fake_run)
+    monkeypatch.setattr(report, "plots", lambda *a: [])
     grid = {**GRID, "ceiling": True}
     assert run_bench(write(tmp_path, grid), str(tmp_path / "out")) == 0
     assert order[0] == "ceiling" and order[-1] == "ceiling" and "ceiling" not in order[1:-1]

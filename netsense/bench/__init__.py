@@ -1,0 +1,40 @@
+"""`netsense bench`: methods x bandwidth profiles x seeds, compared fairly.
+
+Fair means: every method runs to the SAME fixed target accuracy with the SAME
+wall budget (a run that does not reach the target is reported as not reached,
+never cut short when another method peaks), over several seeds, and the measure
+that counts is time to accuracy (TTA). Regret = a method's mean TTA / the best
+method's mean TTA in that scenario.
+
+A grid file::
+
+    name: ci
+    base: {workers: 2, training: {...}}          # a NetSenseJob spec shared by all cells
+    methods: {allreduce: {method: allreduce}, topk-0.01: {method: topk, density: 0.01}, ...}
+    profiles: {static-50: {type: static, rate: 50Mbit}, ...}
+    seeds: [0, 1]
+
+A scenario is a bandwidth profile, or ``{network: {...}}``: a whole
+spec.network (the shared topology, cross traffic) merged over the base's.
+Each row reports, beside time to accuracy, what the method did to the
+bottleneck: its worst link's p99 queueing delay and the drops there, and the
+cross traffic's goodput while on.
+
+Locally each cell is `netsense run`; with --cluster each cell is a NetSenseJob
+submitted through the Kubernetes API (current kubeconfig), its result read back
+from the job's status.
+
+The package, one job per module:
+
+    grid     the grid file -> cells (one NetSenseJob each)
+    cells    running one cell, locally or on a cluster; the no-communication ceiling
+    stats    results -> one row per method and scenario
+    report   rows -> summary.md and the plots
+    run      `netsense bench`: the loop over the cells and what lands in --out
+"""
+
+from netsense.bench.grid import Cell, load_grid
+from netsense.bench.run import run_bench
+from netsense.bench.stats import summarize
+
+__all__ = ["Cell", "load_grid", "run_bench", "summarize"]

@@ -1,0 +1,82 @@
+"""Running one cell: locally (`netsense run`), or as a NetSenseJob through the Kubernetes API; and the
+no-communication ceiling the cells are compared with."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from netsense.bench.grid import Cell, merge
+from netsense.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, parse_job
+
+
+def run_local(cell: Cell, out_dir: str) -> dict:
+    from netsense.emulation.runner import RunFailed, run_job
+
+    job = parse_job(cell.job)
+    try:
+        return run_job(job, out_dir, quiet=True)
+    except RunFailed as e:
+        return {"status": "Failed", "reason": str(e)}
+
+
+def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0) -> dict:
+    """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result."""
+    from kubernetes import client
+
+    from netsense.kubeclient import load_kube_config
+
+    load_kube_config()
+    api = client.CustomObjectsApi()
+    name = cell.job["metadata"]["name"]
+    try:
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        time.sleep(1)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cell.job)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        status = obj.get("status") or {}
+        if status.get("phase") == "Succeeded":
+            return {**(status.get("result") or {}), "status": "Succeeded"}
+        if status.get("phase") == "Failed":
+            return {"status": "Failed", "reason": status.get("message", "")}
+        time.sleep(poll_s)
+    return {"status": "Failed", "reason": f"not finished after {timeout_s:.0f}s"}
+
+
+def measure_ceiling(grid: dict, out_dir: str, when: str = "before") -> float | None:
+    """Samples/s with no communication: one worker alone (world size 1), times the workers.
+
+    Each emulated host has a core of its own, so a lone worker computes as fast
+    as each worker of the gang would if the network cost nothing. Measured
+    before and after the grid (``when``): a shared machine drifts by +-10% over
+    minutes, and bracketing the cells averages that out of the ratio.
+    """
+    base = grid.get("base") or {}
+    workers = base.get("workers", 2)
+    spec = merge(base, {"workers": 1, "compression": {"method": "allreduce"}})
+    spec.get("network", {}).pop("profile", None)
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "ceiling"},
+           "spec": spec}
+    print(f"[ceiling, {when}] one worker, no communication", file=sys.stderr, flush=True)
+    cell_dir = os.path.join(out_dir, f"ceiling-{when}")
+    r = previous_result(cell_dir) or run_local(Cell("ceiling", "none", 0, doc), cell_dir)
+    if r.get("status") != "Succeeded" or not r.get("throughput_samples_per_s"):
+        return None
+    return r["throughput_samples_per_s"] * workers
+
+
+def previous_result(cell_dir: str) -> dict | None:
+    """A cell finished by an earlier, interrupted run into the same --out directory."""
+    try:
+        with open(os.path.join(cell_dir, "result.json")) as fh:
+            r = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return r if r.get("status") == "Succeeded" else None

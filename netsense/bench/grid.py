@@ -1,0 +1,72 @@
+"""The grid file -> cells: one NetSenseJob per method x scenario x seed (the format: netsense.bench)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+from netsense.spec import API_VERSION, KIND, SpecError, parse_job
+from netsense.spec.job import read_yaml
+from netsense.spec.schema import Issue
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str
+    scenario: str
+    seed: int
+    job: dict  # a full NetSenseJob document
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}--{self.scenario}--s{self.seed}"
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _dns(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
+
+
+def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
+    """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
+    grid = read_yaml(path, "grid")
+    if not isinstance(grid, dict):
+        raise SpecError([Issue(path, "a grid is a mapping with base, methods, profiles, seeds")])
+    for key in ("methods", "profiles"):
+        if not isinstance(grid.get(key), dict) or not grid[key]:
+            raise SpecError([Issue(key, "required: a non-empty mapping of name -> settings")])
+    seeds = grid.get("seeds", [0])
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise SpecError([Issue("seeds", "must be a list of non-negative integers")])
+    if only_seeds is not None:
+        missing = sorted(set(only_seeds) - set(seeds))
+        if missing:
+            raise SpecError([Issue("--seeds", f"{missing} not among the grid's seeds {seeds}")])
+        seeds = [s for s in seeds if s in only_seeds]
+        grid = {**grid, "seeds": seeds}  # what the tables say was run
+    base = grid.get("base") or {}
+    t = base.get("training", {})
+    if "targetAccuracy" not in t or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):
+        raise SpecError([Issue("base.training", "a fair benchmark needs targetAccuracy and a budget "
+                                                "(maxSeconds, maxSteps or epochs) shared by every method")])
+    cells = []
+    for method, compression in grid["methods"].items():
+        for scenario, setting in grid["profiles"].items():
+            network = setting["network"] if isinstance(setting, dict) and "network" in setting else {"profile": setting}
+            for seed in seeds:
+                spec = merge(base, {"compression": compression, "network": network, "training": {"seed": seed}})
+                doc = {"apiVersion": API_VERSION, "kind": KIND,
+                       "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
+                try:
+                    parse_job(doc)
+                except SpecError as e:
+                    raise SpecError([Issue(f"{method} x {scenario}: {i.path}", i.message) for i in e.issues]) from None
+                cells.append(Cell(method, scenario, seed, doc))
+    return grid.get("name", os.path.splitext(os.path.basename(path))[0]), cells, grid

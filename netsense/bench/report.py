@@ -1,0 +1,111 @@
+"""Rows -> summary.md and the plots."""
+
+from __future__ import annotations
+
+import math
+import os
+
+
+def fmt(v, digits=2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
+             ceilings: list[float] | None = None) -> str:
+    t = grid.get("base", {}).get("training", {})
+    lines = [f"# Benchmark: {name}", "",
+             f"Target accuracy {t.get('targetAccuracy')} for every method; budget "
+             f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
+             "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
+             "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
+             "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
+             "worst shaped link (time-weighted, so the dense warm-up step weighs in), step queue = the median "
+             "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
+             "cross traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
+    if ceiling:
+        each = f" (before and after the cells: {' and '.join(f'{c:.0f}' for c in ceilings)})" \
+            if ceilings and len(ceilings) > 1 else ""
+        lines += [f"No-communication ceiling, measured in the same run: {ceiling:.0f} samples/s{each}; "
+                  "one worker alone, times the number of workers.", ""]
+    for scenario in sorted({r["scenario"] for r in rows}):
+        lines += [f"## {scenario}", "",
+                  "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
+                  "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
+                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            if r["scenario"] == scenario:
+                lines.append(f"| {r['method']} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
+                             f"{fmt(r['regret'])} | {r['reached']} | {fmt(r.get('steps_to_target'), 0)} | "
+                             f"{fmt(r['samples_per_s'], 0)} | "
+                             f"{fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
+                             f"{fmt(r['best_accuracy'], 3)} | {fmt(r['final_accuracy'], 3)} | "
+                             f"{fmt(r['mean_density'], 4)} | "
+                             f"{fmt(r['bytes_per_step'] / 1e6 if r['bytes_per_step'] is not None else None, 3)} | "
+                             f"{fmt(r['selection_ms'], 1)} | {fmt(r.get('queue_p99_ms'), 1)} | "
+                             f"{fmt(r.get('step_queue_ms'), 1)} | "
+                             f"{fmt(r.get('drops'), 0)} | {fmt(r.get('cross_mbit'), 1)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    from netsense.train.results import read_timeline
+
+    made = []
+    scenarios = sorted({r["scenario"] for r in rows})
+    methods = sorted({r["method"] for r in rows})
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(3.2 * len(scenarios), 3.6), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        vals = [next((r["tta_mean_s"] for r in rows if r["scenario"] == scenario and r["method"] == m), None)
+                for m in methods]
+        ax.bar(range(len(methods)), [v if v is not None else 0 for v in vals], color="tab:blue")
+        for i, v in enumerate(vals):
+            if v is None:
+                ax.text(i, 0, "x", ha="center", color="red")
+        ax.set_xticks(range(len(methods)), methods, rotation=60, fontsize=7)
+        ax.set_title(scenario, fontsize=9)
+    axes[0][0].set_ylabel("time to accuracy (s)")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "tta.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    made.append(path)
+    # Density against link rate over time, first seed of each method, per scenario.
+    fig, axes = plt.subplots(len(scenarios), 1, figsize=(8, 2.4 * len(scenarios)), squeeze=False)
+    for ax, scenario in zip(axes[:, 0], scenarios, strict=True):
+        link_drawn = False
+        twin = ax.twinx()
+        for r in results:
+            if r["scenario"] != scenario or r.get("timeline") is None or r["seed"] != min(
+                    x["seed"] for x in results if x["scenario"] == scenario):
+                continue
+            rows_t = read_timeline(r["timeline"])
+            ax.plot([x["time"] for x in rows_t], [x["ratio"] for x in rows_t], lw=0.8, label=r["method_label"])
+            if not link_drawn:
+                twin.plot([x["time"] for x in rows_t], [x["link_rate_mbit"] for x in rows_t], color="black", lw=1.5)
+                link_drawn = True
+        ax.set_yscale("log")
+        ax.set_ylabel("density")
+        twin.set_ylabel("link Mbit/s")
+        ax.set_title(scenario, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, ncol=4)
+    axes[-1, 0].set_xlabel("training time (s)")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "density_vs_link.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    made.append(path)
+    return made

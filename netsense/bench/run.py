@@ -1,0 +1,65 @@
+"""`netsense bench`: the loop over the cells, progress on stderr, and what lands in --out."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from netsense.bench import cells, report
+from netsense.bench.grid import load_grid
+from netsense.bench.stats import summarize
+
+
+def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
+              seeds: list[int] | None = None) -> int:
+    name, todo, grid = load_grid(grid_path, seeds)
+    out_dir = out_dir or os.path.join("runs", f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(out_dir, exist_ok=True)
+    results = []
+    ceilings: list[float | None] = []
+    if grid.get("ceiling") and not cluster:
+        ceilings.append(cells.measure_ceiling(grid, out_dir, "before"))
+    start = time.monotonic()
+    for i, cell in enumerate(todo):
+        elapsed = time.monotonic() - start
+        eta = elapsed / i * (len(todo) - i) if i else 0
+        print(f"[{i + 1}/{len(todo)}] {cell.method} x {cell.scenario} seed {cell.seed} "
+              f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
+        cell_dir = os.path.join(out_dir, cell.name)
+        r = None if cluster else cells.previous_result(cell_dir)
+        if r is not None:
+            print("    (reusing the finished result in this output directory)", file=sys.stderr)
+        else:
+            r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir)
+        r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
+                 timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
+        if r.get("timeline") and not os.path.exists(r["timeline"]):
+            r["timeline"] = None
+        print(f"    -> {r.get('status')}: TTA {report.fmt(r.get('time_to_accuracy_s'))} s, "
+              f"{report.fmt(r.get('throughput_samples_per_s'), 0)} samples/s, best acc {report.fmt(r.get('best_accuracy'), 3)}"
+              + (f" ({r.get('reason')})" if r.get("reason") else ""), file=sys.stderr, flush=True)
+        results.append(r)
+        with open(os.path.join(out_dir, "summary.json"), "w") as fh:  # partial results survive a Ctrl-C
+            json.dump(results, fh, indent=1, default=str)
+    if ceilings:
+        ceilings.append(cells.measure_ceiling(grid, out_dir, "after"))
+    measured = [c for c in ceilings if c]
+    ceiling = sum(measured) / len(measured) if measured else None
+    rows = summarize(results)
+    with open(os.path.join(out_dir, "summary.json"), "w") as fh:
+        json.dump(results, fh, indent=1, default=str)
+    if ceiling:
+        for r in rows:
+            r["ratio_to_ceiling"] = r["samples_per_s"] / ceiling if r["samples_per_s"] else None
+    with open(os.path.join(out_dir, "table.json"), "w") as fh:
+        json.dump(rows, fh, indent=1, default=str)
+    md = report.markdown(name, rows, grid, ceiling, measured)
+    with open(os.path.join(out_dir, "summary.md"), "w") as fh:
+        fh.write(md + "\n")
+    made = report.plots(out_dir, rows, results)
+    print(md)
+    print(f"netsense: wrote {out_dir}/summary.json, summary.md" + "".join(f", {os.path.basename(p)}" for p in made),
+          file=sys.stderr)
+    return 0 if all(r.get("status") == "Succeeded" for r in results) else 1

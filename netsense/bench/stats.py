@@ -1,0 +1,92 @@
+"""Results -> one row per method and scenario: means and spreads over seeds, regret, and what the method
+did to the bottleneck (queueing delay, drops, the cross traffic's goodput)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _spread(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else (0.0 if values else None)
+
+
+def steps_to_target(result: dict) -> int | None:
+    """The first evaluated step at the target accuracy: accuracy per step, apart from speed."""
+    target = result.get("target_accuracy")
+    for step, _, accuracy in result.get("accuracy_curve") or []:
+        if target is not None and accuracy >= target:
+            return step
+    return None
+
+
+def worst_queue_p99(result: dict) -> float | None:
+    """The p99 queueing delay of the run's worst shaped link (ms)."""
+    links = (result.get("bottleneck") or {}).get("links") or {}
+    return max((link["queue_delay_p99_ms"] for link in links.values()), default=None)
+
+
+def step_queue_delay(result: dict) -> float | None:
+    """The median over steps of each step's worst queueing delay (ms): what a typical step does to the queue,
+    where the p99 over the run also weighs the dense warm-up (from the cell's timeline.csv; local runs)."""
+    path = result.get("timeline")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        worst = [float(r["queue_delay_max_ms"]) for r in csv.DictReader(fh) if r.get("queue_delay_max_ms")]
+    return statistics.median(worst) if worst else None
+
+
+def bottleneck_drops(result: dict) -> int | None:
+    links = (result.get("bottleneck") or {}).get("links") or {}
+    return sum(link["drops"] for link in links.values()) if links else None
+
+
+def cross_goodput(result: dict) -> float | None:
+    """The cross traffic's total goodput while on (Mbit/s)."""
+    flows = (result.get("bottleneck") or {}).get("cross_traffic") or {}
+    return sum(f["mean_mbit_when_on"] for f in flows.values()) if flows else None
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """One row per (scenario, method): means and spreads over seeds, and regret."""
+    rows: dict[tuple[str, str], dict] = {}
+    for r in results:
+        key = (r["scenario"], r["method_label"])
+        rows.setdefault(key, {"scenario": key[0], "method": key[1], "runs": []})["runs"].append(r)
+    out = []
+    for row in rows.values():
+        runs = [r for r in row["runs"] if r.get("status") == "Succeeded"]
+        ttas = [r["time_to_accuracy_s"] for r in runs if r.get("time_to_accuracy_s") is not None]
+        reached = len(ttas) == len(row["runs"]) and runs
+        out.append({
+            "scenario": row["scenario"], "method": row["method"], "seeds": len(row["runs"]),
+            "reached": f"{len(ttas)}/{len(row['runs'])}",
+            "tta_mean_s": _mean(ttas) if reached else None, "tta_std_s": _spread(ttas) if reached else None,
+            "steps_to_target": _mean([x for x in map(steps_to_target, runs) if x is not None]) if reached else None,
+            "samples_per_s": _mean([r["throughput_samples_per_s"] for r in runs]),
+            "best_accuracy": _mean([r["best_accuracy"] for r in runs if r.get("best_accuracy") is not None]),
+            "final_accuracy": _mean([r["final_accuracy"] for r in runs if r.get("final_accuracy") is not None]),
+            "mean_density": _mean([r["mean_ratio"] for r in runs if r.get("mean_ratio") is not None]),
+            "wire_mb_per_worker": _mean([r["bytes_sent_per_worker"] / 1e6 for r in runs
+                                         if r.get("bytes_sent_per_worker") is not None]),
+            "bytes_per_step": _mean([r["bytes_sent_per_worker"] / r["steps"] for r in runs if r.get("steps")]),
+            "selection_ms": _mean([r["selection_ms_mean"] for r in runs if r.get("selection_ms_mean") is not None]),
+            "queue_p99_ms": _mean([q for q in map(worst_queue_p99, runs) if q is not None]),
+            "step_queue_ms": _mean([q for q in map(step_queue_delay, runs) if q is not None]),
+            "drops": _mean([d for d in map(bottleneck_drops, runs) if d is not None]),
+            "cross_mbit": _mean([x for x in map(cross_goodput, runs) if x is not None]),
+            "failed": len(row["runs"]) - len(runs),
+        })
+    for scenario in {r["scenario"] for r in out}:
+        in_scenario = [r for r in out if r["scenario"] == scenario]
+        best = min((r["tta_mean_s"] for r in in_scenario if r["tta_mean_s"] is not None), default=None)
+        for r in in_scenario:
+            r["regret"] = (r["tta_mean_s"] / best) if best and r["tta_mean_s"] is not None else math.inf
+    return sorted(out, key=lambda r: (r["scenario"], r["regret"]))
