@@ -166,7 +166,7 @@ def test_a_hung_worker_ends_the_run_within_the_collective_timeout(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     assert time.monotonic() - start < 60
-    assert "worker 0 failed" in err.strip().splitlines()[-1]
+    assert "rank 0 failed" in err.strip().splitlines()[-1]
     assert not ours() and not workers_alive()
 
 

@@ -15,27 +15,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
 from netsense.emulation.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.emulation.cluster import LocalCluster
 from netsense.errors import NetsenseError
+from netsense.gang import Verdict, judge, rank_failure, worker_env
 from netsense.shaping.profiles import build_profile
 from netsense.spec import Job
 from netsense.train.results import plot, write_result
 
-MASTER_PORT = 29500
-
 
 class RunFailed(NetsenseError, RuntimeError):
     """A worker failed; the message is its own reason."""
-
-
-@dataclass
-class GangOutcome:
-    ok: bool
-    reason: str = ""
 
 
 class Progress:
@@ -76,17 +68,14 @@ class Progress:
         print(text, file=self.stream, flush=True)
 
 
-def worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
-    env.update({
-        "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "WORLD_SIZE": str(job.workers),
-        "RANK": str(rank), "LOCAL_RANK": "0", "NETSENSE_JOB_FILE": job_file(out_dir),
-        "NETSENSE_OUT": out_dir, "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
-        "NCCL_IB_DISABLE": "1", "OMP_NUM_THREADS": str(job.training["threads"]), "PYTHONUNBUFFERED": "1",
-    })
+def local_worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None) -> dict[str, str]:
+    """This machine's environment (PATH, the venv, ...) with the worker contract on top; eth0 is each
+    host's one link here, shaped or not."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
+    extra = {"NETSENSE_OUT": out_dir}
     if start_file is not None and rank == 0:
-        env["NETSENSE_PROFILE_START_FILE"] = start_file  # one follower shapes every link here
-    return env
+        extra["NETSENSE_PROFILE_START_FILE"] = start_file  # one follower shapes every link here
+    return {**inherited, **worker_env(job, rank, master, job_file(out_dir), "eth0", extra)}
 
 
 def job_file(out_dir: str) -> str:
@@ -108,8 +97,9 @@ def _last_line(path: str) -> str:
 
 
 def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, attempt: int,
-             deadline: float | None) -> GangOutcome:
-    """Start all ranks; wait until all exit or one fails; returns the outcome."""
+             started: float) -> Verdict | None:
+    """Start all ranks and wait until all exit (None) or a verdict ends this gang (a rank failed, or the
+    deadline counted from ``started`` passed)."""
     logs = os.path.join(out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     procs = []
@@ -121,7 +111,7 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
     for rank in range(job.workers):
         err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
         stdout = subprocess.PIPE if rank == 0 else err
-        env = worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file)
+        env = local_worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file)
         procs.append(cluster.spawn(rank, [sys.executable, "-m", "netsense", "worker"], env=env,
                                    stdout=stdout, stderr=err))
         err.close()
@@ -143,18 +133,15 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
     reader.start()
     while True:
         codes = [p.poll() for p in procs]
-        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            r = failed[0]
-            reason = _last_line(os.path.join(logs, f"worker-{r}.attempt{attempt}.log")) or f"exit code {codes[r]}"
+        failed = {r: _last_line(os.path.join(logs, f"worker-{r}.attempt{attempt}.log")) or f"exit code {c}"
+                  for r, c in enumerate(codes) if c not in (None, 0)}
+        verdict = judge(rank_failure(failed), attempt, job.run_policy, time.monotonic() - started)
+        if verdict:
             cluster.kill_processes()
-            return GangOutcome(False, f"worker {r} failed: {reason}")
+            return verdict
         if all(c == 0 for c in codes):
             reader.join(timeout=5)
-            return GangOutcome(True)
-        if deadline is not None and time.monotonic() > deadline:
-            cluster.kill_processes()
-            return GangOutcome(False, "activeDeadlineSeconds exceeded")
+            return None
         time.sleep(0.2)
 
 
@@ -165,8 +152,7 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
         json.dump(job.manifest(), fh)
     progress = Progress(quiet=quiet)
     profile = build_profile(job.network.get("profile"))
-    policy = job.run_policy
-    deadline = time.monotonic() + policy["activeDeadlineSeconds"] if "activeDeadlineSeconds" in policy else None
+    started = time.monotonic()
     # The profile's clock starts at the first training step, not when the cluster is up:
     # start-up takes seconds and would otherwise shift every run's view of the profile.
     # The trainer publishes its training clock there; the queue samplers and cross traffic follow it too.
@@ -184,16 +170,13 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
         observers = Observers(cluster, net.get("crossTraffic"), out_dir, start_file)
         observers.start()
         tcp = cluster.tcp_congestion_control()
-        for attempt in range(policy["backoffLimit"] + 1):
-            outcome = run_gang(cluster, job, out_dir, progress, attempt, deadline)
-            if outcome.ok:
-                break
-            if attempt < policy["backoffLimit"] and outcome.reason != "activeDeadlineSeconds exceeded":
-                progress.message(f"netsense: {outcome.reason}; restarting the gang "
-                                 f"({attempt + 1}/{policy['backoffLimit']})")
-                continue
-            _write_failure(out_dir, job, outcome.reason)
-            raise RunFailed(outcome.reason)
+        attempt = 0
+        while verdict := run_gang(cluster, job, out_dir, progress, attempt, started):
+            if not verdict.restart:
+                _write_failure(out_dir, job, verdict.message)
+                raise RunFailed(verdict.message)
+            progress.message(f"netsense: {verdict.message}")
+            attempt += 1
     progress.message("")
     with open(os.path.join(out_dir, "result.json")) as fh:
         result = json.load(fh)

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 
+from netsense.gang import CONTAINERS  # by name: trainer, or shaper
+
 OWNED_SPEC = ("containers", "initContainers", "restartPolicy", "hostname", "subdomain")
-CONTAINERS = ("trainer", "shaper")
 CONTAINER_FIELDS = ("name", "env", "envFrom", "volumeMounts", "resources")
 OWNED_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 OWNED_LABEL_PREFIX = "netsense.dev/"

@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from netsense import units
+from netsense.gang import TRAINER, judge, rank_failure
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
@@ -265,7 +266,7 @@ def _network_status(job: Job, epoch: float | None) -> dict | None:
 
 def _progress(namespace: str, pod: dict) -> dict | None:
     try:
-        text = core().read_namespaced_pod_log(pod["metadata"]["name"], namespace, container="trainer", tail_lines=50)
+        text = core().read_namespaced_pod_log(pod["metadata"]["name"], namespace, container=TRAINER, tail_lines=50)
     except (ApiException, ValueError):
         return None  # logs need a kubelet; progress is best effort
     return st.last_progress(text or "")
@@ -339,36 +340,27 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         kopf.event(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
         METRICS.ended(final_phase, reason)
 
-    deadline = job.run_policy.get("activeDeadlineSeconds")
-    if deadline and time.time() - st.parse_iso(status["startTime"]) > deadline:
-        finish(st.FAILED, "DeadlineExceeded", f"activeDeadlineSeconds ({deadline}s) exceeded", pods)
-        return
-
-    failed = sorted(r for r, p in phases.items() if p == "Failed")
     missing = [r for r in range(job.workers) if r not in by_rank]
-    failure_text = ""
-    if failed:
-        failure_text = f"rank {failed[0]} failed: {st.failure_reason(by_rank[failed[0]])}"
-    elif missing and phase == st.RUNNING:
-        failure_text = f"the worker pod of rank {missing[0]} disappeared"
-    if failure_text:
-        restarts = int(status.get("restarts", 0))
-        if restarts < job.run_policy["backoffLimit"]:
+    failure = rank_failure({r: st.failure_reason(by_rank[r]) for r, p in phases.items() if p == "Failed"})
+    if failure is None and missing and phase == st.RUNNING:
+        failure = f"rank {missing[0]} failed: its pod disappeared"
+    restarts = int(status.get("restarts", 0))
+    verdict = judge(failure, restarts, job.run_policy, time.time() - st.parse_iso(status["startTime"]))
+    if verdict:
+        if verdict.restart:
             # Only the next attempt goes to status now; the next pass deletes this attempt's pods (they are
             # no longer current) and creates the new gang. An operator that dies in between finds the same
             # state again: no gang is ever created that status does not name.
-            msg = f"{failure_text}; restarting the gang ({restarts + 1}/{job.run_policy['backoffLimit']})"
+            msg, why = verdict.message, verdict.reason
             logger.warning(msg)
             kopf.event(body, type="Warning", reason="Restarting", message=msg)
             METRICS.restarted()
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
                                 gangCreatedAt=None,
-                                conditions=st.set_condition(
-                                    st.set_condition(conditions, "Running", "False", "WorkerFailed", msg),
-                                    "Restarting", "True", "WorkerFailed", msg))
+                                conditions=st.set_condition(st.set_condition(conditions, "Running", "False", why, msg),
+                                                            "Restarting", "True", why, msg))
         else:
-            finish(st.FAILED, "BackoffLimitExceeded",
-                   f"{failure_text} (backoffLimit {job.run_policy['backoffLimit']} reached)", pods)
+            finish(st.FAILED, verdict.reason, verdict.message, pods)
         return
     try:
         if phase == st.PENDING:  # what the gang needs to start: one deleted by someone comes back

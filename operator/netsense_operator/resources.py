@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 
+from netsense.gang import MASTER_PORT, SHAPER, TRAINER, worker_env
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
 
-MASTER_PORT = 29500
 TRAINER_UID = 65532  # nobody's cousin: any non-root uid the image's files are readable by
 READY_FILE = "/tmp/netsense-shaped"
 # Shared by the trainer and its shaper (an emptyDir): the trainer writes the unix
@@ -113,7 +113,7 @@ def service(job: Job, namespace: str, uid: str) -> dict:
 def _shaper(job: Job, image: str) -> dict:
     net = job.network
     return {
-        "name": "shaper",
+        "name": SHAPER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         # A native sidecar: starts before the trainer, is stopped after it, and does not
@@ -138,25 +138,15 @@ def _shaper(job: Job, image: str) -> dict:
 
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE) -> dict:
     net = job.network
-    env = {
-        "MASTER_ADDR": f"{service_name(job.name)}.{namespace}.svc",
-        "MASTER_PORT": str(MASTER_PORT),
-        "WORLD_SIZE": str(job.workers),
-        "RANK": str(rank),
-        "LOCAL_RANK": "0",
-        "NETSENSE_JOB_FILE": f"{JOB_DIR}/job.json",
-        "NETSENSE_RESULT_PATH": "/dev/termination-log",
-        "OMP_NUM_THREADS": str(job.training["threads"]),
-        "PYTHONUNBUFFERED": "1",
-        "HOME": "/tmp",  # a non-root user's caches (torch, the native kernels) need somewhere to go
-    }
-    if net.get("profile"):
-        # Shaping binds only on TCP sockets: keep NCCL off InfiniBand and on the shaped eth0.
-        env.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_SUMMARY": QUEUE_SUMMARY,
-                    "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": net["interface"],
-                    "GLOO_SOCKET_IFNAME": net["interface"]})
+    shaped = bool(net.get("profile"))
+    extra = {"NETSENSE_RESULT_PATH": "/dev/termination-log",
+             "HOME": "/tmp"}  # a non-root user's caches (torch, the native kernels) need somewhere to go
+    if shaped:
+        extra.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_SUMMARY": QUEUE_SUMMARY})
+    env = worker_env(job, rank, f"{service_name(job.name)}.{namespace}.svc", f"{JOB_DIR}/job.json",
+                     net["interface"] if shaped else None, extra)
     trainer = {
-        "name": "trainer",
+        "name": TRAINER,
         "image": job.spec["image"],
         "imagePullPolicy": job.spec["imagePullPolicy"],
         "command": ["netsense", "worker"],

@@ -6,6 +6,8 @@ import datetime
 import hashlib
 import json
 
+from netsense.gang import TRAINER
+
 PENDING, RUNNING, SUCCEEDED, FAILED, SUSPENDED = "Pending", "Running", "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
 
@@ -43,7 +45,7 @@ def set_condition(conditions: list[dict] | None, type_: str, status: str, reason
 
 def trainer_terminated(pod: dict) -> dict | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == "trainer":
+        if cs.get("name") == TRAINER:
             return ((cs.get("state") or {}).get("terminated")) or None
     return None
 

@@ -1,0 +1,53 @@
+"""The gang's contract and lifecycle (netsense.gang), which both backends follow (pure unit tests)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from netsense.gang import judge, rank_failure, worker_env
+from netsense.spec import load_job
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POLICY = {"backoffLimit": 2}
+
+
+def test_the_lowest_failed_rank_names_the_failure():
+    assert rank_failure({}) is None
+    assert rank_failure({3: "OOMKilled", 1: "exit code 1"}) == "rank 1 failed: exit code 1"
+
+
+@pytest.mark.parametrize("failure, restarts, policy, elapsed, want", [
+    (None, 0, POLICY, 5.0, None),
+    ("rank 0 failed: x", 0, POLICY, 5.0, (True, "WorkerFailed", "rank 0 failed: x; restarting the gang (1/2)")),
+    ("rank 0 failed: x", 2, POLICY, 5.0, (False, "BackoffLimitExceeded", "rank 0 failed: x (backoffLimit 2 reached)")),
+    # the deadline ends the job whatever restarts remain, failed rank or not
+    (None, 0, {**POLICY, "activeDeadlineSeconds": 4}, 5.0, (False, "DeadlineExceeded", "activeDeadlineSeconds (4s) exceeded")),
+    ("rank 0 failed: x", 0, {**POLICY, "activeDeadlineSeconds": 4}, 5.0,
+     (False, "DeadlineExceeded", "activeDeadlineSeconds (4s) exceeded")),
+])
+def test_what_a_gangs_state_means_for_the_job(failure, restarts, policy, elapsed, want):
+    verdict = judge(failure, restarts, policy, elapsed)
+    assert (None if verdict is None else (verdict.restart, verdict.reason, verdict.message)) == want
+
+
+def test_both_backends_give_every_rank_the_same_contract():
+    from netsense_operator import resources
+
+    from netsense.emulation.runner import local_worker_env
+
+    job = load_job(os.path.join(REPO, "samples", "quick.yaml"))
+    local = local_worker_env(job, 1, "10.0.0.1", "/tmp/out", None)
+    pod = resources.worker_pod(job, "default", "uid-1", 1, 0)
+    in_pod = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    contract = worker_env(job, 1, "x", "y", "eth0")
+    for key in set(contract) - {"MASTER_ADDR", "NETSENSE_JOB_FILE"}:
+        assert local[key] == in_pod[key] == contract[key], key
+
+
+def test_only_a_shaped_interface_pins_the_libraries_and_keeps_nccl_off_infiniband():
+    job = load_job(os.path.join(REPO, "samples", "quick.yaml"))
+    assert worker_env(job, 0, "m", "f", "eth0")["NCCL_IB_DISABLE"] == "1"
+    unshaped = worker_env(job, 0, "m", "f", None)
+    assert not {"NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} & set(unshaped)
