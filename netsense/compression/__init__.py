@@ -3,7 +3,7 @@
     from netsense.compression import register
     state = register(ddp_model, {"method": "topk", "density": 0.01})
     ...                      # train as usual
-    state.end_step()         # optional: this step's telemetry (density, wire bytes, ...)
+    state.end_step()         # optional: this step's record (density, wire bytes, ...); all: state.history
     state.finish()           # after the last step, before destroy_process_group()
 
 Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
+from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     FixedDensity,
     OverlapController,
@@ -29,7 +30,7 @@ from netsense.control.policies import (
 from netsense.spec.job import COMPRESSION
 from netsense.spec.schema import Errors
 
-__all__ = ["CompressionState", "ddp_options", "register", "validate_config"]
+__all__ = ["CompressionState", "MeasuredState", "ddp_options", "register", "validate_config"]
 
 
 def validate_config(config: dict | str | None) -> dict:
@@ -82,7 +83,7 @@ def _powersgd_wire(state: powerSGD_hook.PowerSGDState, world: int):
 
 
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
-             process_group: dist.ProcessGroup | None = None, seed: int = 0) -> CompressionState:
+             process_group: dist.ProcessGroup | None = None, seed: int = 0) -> MeasuredState:
     """Register the hook for ``config['method']`` on a DDP model; returns its state."""
     c = validate_config(config)
     method = c["method"]
@@ -92,14 +93,14 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             process_group=process_group, matrix_approximation_rank=c["rank"],
             start_powerSGD_iter=c["startIter"], use_error_feedback=c["errorFeedback"], warm_start=True,
             random_seed=seed)
-        state: CompressionState = TorchHookState(powerSGD_hook.powerSGD_hook, inner,
+        state: MeasuredState = TorchHookState(powerSGD_hook.powerSGD_hook, inner,
                                                  _powersgd_wire(inner, world), process_group)
         model.register_comm_hook(state, torch_hook)
         return state
     if method == "fp16":
         state = TorchHookState(default_hooks.fp16_compress_hook, process_group,
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
-                               process_group)
+                               process_group, fp16=True)
         model.register_comm_hook(state, torch_hook)
         return state
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)

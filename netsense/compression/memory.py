@@ -41,6 +41,3 @@ class ResidualMemory:
         r = self.residuals.pop(index, None)
         if r is not None and r.numel() == grad.numel():
             grad.add_(r)
-
-    def total(self) -> float:
-        return float(sum(r.abs().sum() for r in self.residuals.values()))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from netsense.compression.selection import SAMPLE, Workspace
+from netsense.compression.selection import SAMPLE, Workspace, sampling_margin
 from netsense.errors import NetsenseError
 
 SOURCE = Path(__file__).with_name("native.cpp")
@@ -114,10 +114,11 @@ def usable(t: torch.Tensor) -> bool:
 class Selector:
     """Fused error feedback + exact TopK + packing for one bucket.
 
-    Thresholds come from a strided sample of this step's magnitudes, 4 standard
-    deviations of the sampled count either side of k (as in selection.py). If
-    fewer than k elements reach ``lo`` the pass is repeated read-only with a
-    lower one: the result is exact either way, only the unlucky step is slower.
+    Thresholds come from a stratified sample of this step's magnitudes (one
+    random position per window, as selection.jittered_positions), with the
+    margin of selection.sampling_margin either side of k. If fewer than k
+    elements reach ``lo`` the pass is repeated read-only with a lower one: the
+    result is exact either way, only the unlucky step is slower.
     """
 
     def __init__(self) -> None:
@@ -159,7 +160,7 @@ class Selector:
         sample = self.workspace.get("sample", (n + stride - 1) // stride, torch.float32, signal.device)
         lib.ns_sample(signal.data_ptr(), g_ptr, n, w_ptr, prune_below, sample.data_ptr(), stride, seed)
         p = k / n
-        eps = 4.0 / math.sqrt(sample.numel() * p) + 0.005
+        eps = sampling_margin(sample.numel(), p)
         lo, hi = self._thresholds(sample, p * (1 + eps), p * (1 - eps))
         cap = int(k * (1 + 2 * eps)) + 4096
         self._reserve(cap)

@@ -68,6 +68,12 @@ def jittered_positions(n: int, stride: int, generator: torch.Generator | None, d
     return base + (jitter * width).long().clamp_(max=width - 1)
 
 
+def sampling_margin(sampled: int, p: float) -> float:
+    """Relative margin around the expected count ``p * sampled`` for the two thresholds: 4 standard
+    deviations of the sampled count (binomial, ~sqrt(m p)) relative to it, plus 0.5%."""
+    return 4.0 / math.sqrt(sampled * p) + 0.005
+
+
 def topk_indices(magnitude: torch.Tensor, k: int, generator: torch.Generator | None = None,
                  workspace: Workspace | None = None) -> torch.Tensor:
     """Indices of the k largest entries of a flat non-negative tensor (unsorted)."""
@@ -84,8 +90,7 @@ def topk_indices(magnitude: torch.Tensor, k: int, generator: torch.Generator | N
     sample = magnitude[jittered_positions(n, stride, generator, magnitude.device)]
     m = sample.numel()
     p = k / n
-    # Margin of 4 standard deviations of the sampled count, relative to the expected count.
-    eps = 4.0 / math.sqrt(m * p) + 0.005
+    eps = sampling_margin(m, p)
     lo = sample.kthvalue(max(1, int(m * (1 - p * (1 + eps))))).values
     hi = sample.kthvalue(min(m, max(1, int(m * (1 - p * (1 - eps)))))).values
     mask = workspace.get("mask", n, torch.bool, magnitude.device) if workspace else None

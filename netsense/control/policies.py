@@ -56,7 +56,7 @@ class Policy:
     def decide(self) -> Decision:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def telemetry(self) -> dict:
+    def estimates(self) -> dict:
         return {}
 
 
@@ -131,7 +131,7 @@ class PaperAIMD(Policy):
         return Decision(density=density, fp16=fp16, dense=False,
                         prune=self.prune_factor * (1 - self.ratio))
 
-    def telemetry(self) -> dict:
+    def estimates(self) -> dict:
         return {"ratio": self.ratio, "est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
 
 
@@ -299,5 +299,5 @@ class OverlapController(Policy):
             return Decision(fp16=True)
         return Decision(density=d, fp16=True, dense=False)
 
-    def telemetry(self) -> dict:
+    def estimates(self) -> dict:
         return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}

@@ -286,7 +286,7 @@ class Trainer:
 
     def _result(self, samples_per_step: int, wall: float) -> dict:
         s = self.state
-        hist = self.hook.telemetry()
+        hist = self.hook.history
         wire = sum(h["wire_bytes"] for h in hist)
         comm = sum(h["comm_seconds"] for h in hist)
         compressed = [h for h in hist if not h["warmup"]] or hist  # the dense warm-up is reported apart

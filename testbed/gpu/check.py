@@ -203,7 +203,7 @@ def smoke(backend: str, device: str) -> dict:
             if device == "cuda":
                 torch.cuda.synchronize()
             finite = all(bool(torch.isfinite(p).all()) for p in ddp.parameters())
-            history = state.telemetry() if hasattr(state, "telemetry") else []
+            history = state.history
             out[method] = {"finite": finite, "loss": float(loss), "steps_recorded": len(history)}
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,107 @@
+"""The compressor (GRACE's split: compressor, memory, communicator): exact TopK of the error-compensated
+gradient, optionally skipping the smallest weights (pruning), packed as ``k`` int32 indices then ``k``
+values; and the inverse, summing every rank's packed chunk into the bucket as ``index_add_`` would
+(colliding indices sum, signs kept):
+
+    g_avg = (1/N) * sum_r scatter_add(indices_r, values_r)
+
+On CPUs both directions run in fused kernels (native.cpp); on GPUs, or where no compiler is found, in eager
+PyTorch. The two select the same entries and decode alike (tested), so ranks may even mix them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from netsense.compression import native
+from netsense.compression.memory import ResidualMemory
+from netsense.compression.selection import (
+    Workspace,
+    prune_threshold,
+    smallest_fraction_mask,
+    topk_indices,
+)
+
+
+class TopK:
+    """Per-bucket buffers and fused selectors (reused across steps: DDP finishes a bucket before its next
+    step begins), and one random generator per device for the sampled thresholds, seeded per rank."""
+
+    def __init__(self, seed: int, rank: int):
+        self.seed, self.rank = seed, rank
+        self.workspaces: dict[int, Workspace] = {}
+        self.selectors: dict[int, native.Selector] = {}
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed + 7919 * self.rank)
+        return self._generators[device]
+
+    def workspace(self, bucket: dist.GradBucket) -> Workspace:
+        return self.workspaces.setdefault(bucket.index(), Workspace())
+
+    def compress(self, bucket: dist.GradBucket, k: int, fp16: bool, prune: float,
+                 memory: ResidualMemory | None) -> torch.Tensor:
+        """The bucket's packed (indices, values); with memory, what is not sent stays in it."""
+        if native.usable(bucket.buffer()):
+            return self._native(bucket, k, fp16, prune, memory)
+        return self._torch(bucket, k, fp16, prune, memory)
+
+    def _native(self, bucket: dist.GradBucket, k: int, fp16: bool, prune: float,
+                memory: ResidualMemory | None) -> torch.Tensor:
+        """Fused kernels: error feedback, exact TopK and packing in about one pass."""
+        buf = bucket.buffer()
+        gen = self.generator(buf.device)
+        weights, prune_below = None, 0.0
+        if prune > 0:
+            weights = _flat_weights(bucket, self.workspace(bucket))
+            if weights is not None:
+                prune_below = prune_threshold(weights, prune, gen)
+        signal = memory.slot(bucket.index(), buf) if memory is not None else buf
+        selector = self.selectors.setdefault(bucket.index(), native.Selector())
+        return selector.select(signal, buf if memory is not None else None, k, fp16, memory is not None,
+                               gen, weights, prune_below)
+
+    def _torch(self, bucket: dist.GradBucket, k: int, fp16: bool, prune: float,
+               memory: ResidualMemory | None) -> torch.Tensor:
+        """The same selection in eager PyTorch."""
+        buf, ws = bucket.buffer(), self.workspace(bucket)
+        gen = self.generator(buf.device)
+        signal = memory.compensate(bucket.index(), buf) if memory is not None else buf
+        magnitude = torch.abs(signal, out=ws.get("magnitude", buf.numel(), buf.dtype, buf.device))
+        if prune > 0:
+            weights = _flat_weights(bucket, ws)
+            if weights is not None:
+                magnitude.masked_fill_(smallest_fraction_mask(weights, prune, gen, ws), 0)
+        indices = topk_indices(magnitude, k, gen, ws)
+        values = signal[indices].to(torch.float16 if fp16 else buf.dtype)
+        if memory is not None:
+            ResidualMemory.sent(signal, indices, values)
+        # Indices first: 4k bytes keep the values' offset aligned for any dtype view.
+        return torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
+
+    @staticmethod
+    def decompress(buf: torch.Tensor, gathered: list[torch.Tensor], k: int, fp16: bool, world: int) -> torch.Tensor:
+        """buf = the mean over ranks of their scattered chunks."""
+        if native.usable(buf):
+            native.decode(buf, gathered, k, fp16, world)
+            return buf
+        value_dtype = torch.float16 if fp16 else buf.dtype
+        buf.zero_()
+        for chunk in gathered:
+            i = chunk[:4 * k].view(torch.int32).to(torch.long)
+            v = chunk[4 * k:].view(value_dtype).to(buf.dtype).div_(world)
+            buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
+        return buf
+
+
+def _flat_weights(bucket: dist.GradBucket, ws: Workspace) -> torch.Tensor | None:
+    """The bucket's weights in the buffer's layout (None if the layouts differ)."""
+    params = bucket.parameters()
+    buf = bucket.buffer()
+    if not params or sum(p.numel() for p in params) != buf.numel():
+        return None
+    out = ws.get("weights", buf.numel(), buf.dtype, buf.device)
+    return torch.cat([p.detach().reshape(-1) for p in params], out=out)

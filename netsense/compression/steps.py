@@ -1,0 +1,112 @@
+"""What every hook state measures per step.
+
+A step begins at its first bucket (bucket 0, which DDP always launches first) or at ``start_step()``
+before the forward pass, and ends at ``end_step()`` (the trainer calls it after the optimizer step;
+otherwise the next step's first bucket does). Its record: what it decided, the bytes it sent, how long its
+collectives were busy, its compute (the step minus the wait for the network and minus selection).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from netsense.compression.timing import IntervalTimer
+
+
+@dataclass
+class StepCounts:
+    """One step's work, summed over its buckets."""
+
+    wire_bytes: float = 0.0  # what this rank puts on the wire (the collective's algorithm counted)
+    payload_bytes: float = 0.0  # what this rank's gradient was compressed to (before the collective)
+    selection_seconds: float = 0.0  # selecting and packing (the sparse path)
+    grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
+    elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
+    elements_total: float = 0.0
+
+
+class MeasuredState:
+    """A hook state that measures its steps (``history``: one record per finished step).
+
+    Subclasses say what their step decided (``_decision_fields``), may add to the record
+    (``_extra_fields``) and act when a step ends (``_ended``) or begins (``_beginning``).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None):
+        self.group = process_group
+        self.world = dist.get_world_size(process_group)
+        self.step = -1
+        self.counts = StepCounts()
+        self.timer: IntervalTimer | None = None
+        self.history: list[dict] = []
+        self.device = torch.device("cpu")
+        self._step_start = 0.0
+        self._forward_start: float | None = None
+        self._finished = True
+
+    def start_step(self) -> None:
+        """Mark the start of a step's forward pass (call before it).
+
+        The compute a step costs starts there; without this mark it is timed from the first bucket's hook,
+        which misses the forward pass and part of the backward."""
+        self.end_step()
+        self._forward_start = time.perf_counter()
+
+    def end_step(self) -> dict | None:
+        """Finalize the open step's record and return it (None if no step is open; idempotent)."""
+        if self._finished or self.timer is None:
+            return None
+        self._finished = True
+        c = self.counts
+        busy = self.timer.busy()
+        compute = max(1e-6, (time.perf_counter() - self._step_start) - self.timer.exposed() - c.selection_seconds)
+        record = {
+            "step": self.step,
+            "density": c.elements_sent / c.elements_total if c.elements_total else 1.0,
+            **self._decision_fields(),
+            "wire_bytes": c.wire_bytes,
+            "payload_bytes": c.payload_bytes,
+            "comm_seconds": busy,
+            "compute_seconds": compute,
+            "selection_seconds": c.selection_seconds,
+            "elements_sent": c.elements_sent,
+            "grad_norm": math.sqrt(float(c.grad_sq)),
+        }
+        record.update(self._extra_fields(record))
+        self.history.append(record)
+        self._ended(record)
+        return record
+
+    def finish(self) -> None:
+        """End the last step. Call before destroying the process group."""
+        self.end_step()
+
+    def begin_step(self, device: torch.device) -> None:
+        """Called by the hook at a step's first bucket."""
+        self.end_step()
+        self._beginning()
+        self.step += 1
+        self.device = device
+        self.counts = StepCounts()
+        self.timer = IntervalTimer(device)
+        self._step_start = self._forward_start if self._forward_start is not None else time.perf_counter()
+        self._forward_start = None
+        self._finished = False
+
+    def _decision_fields(self) -> dict:
+        """fp16, dense, warmup: what the step decided."""
+        raise NotImplementedError
+
+    def _extra_fields(self, record: dict) -> dict:
+        return {}
+
+    def _ended(self, record: dict) -> None:
+        pass
+
+    def _beginning(self) -> None:
+        pass
