@@ -61,7 +61,7 @@ def cmd_run(args) -> int:
     out = args.out or os.path.join("runs", f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     result = run_job(job, out, quiet=args.quiet)
     keys = ("status", "method", "steps", "throughput_samples_per_s", "best_accuracy", "final_accuracy",
-            "time_to_accuracy_s", "mean_ratio", "wire_goodput_mbit", "link_mean_rate_mbit")
+            "time_to_accuracy_s", "mean_density", "wire_goodput_mbit", "link_mean_rate_mbit")
     print(json.dumps({k: result.get(k) for k in keys}, indent=1))
     print(f"netsense: wrote {out}/result.json, timeline.csv" + (", timeline.png" if "plot" in result else ""),
           file=sys.stderr)

@@ -1,6 +1,6 @@
 """How well do the adaptive methods sense the link? Real runs on the emulated testbed (root).
 
-    python testbed/sensing.py [--out DIR] [--rates 20,50,200,1000] [--methods netsense,overlap]
+    python testbed/sensing.py [--out DIR] [--rates 20,50,200,1000] [--methods netsense,tta]
 
 For each method and static rate, trains the quick job's task (digits, the
 1.1M-parameter MLP, 2 workers) for --steps steps and reports the median
@@ -58,7 +58,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/sensing")
     ap.add_argument("--rates", default="20,50,200,1000", help="Mbit/s, comma separated")
-    ap.add_argument("--methods", default="netsense,overlap")
+    ap.add_argument("--methods", default="netsense,tta")
     ap.add_argument("--steps", type=int, default=120)
     args = ap.parse_args()
     rows, changes = [], []
@@ -73,7 +73,7 @@ def main() -> int:
             rows.append({"method": method, "rate_mbit": rate, "median_estimate_mbit": round(median, 1),
                          "ratio": round(median / rate, 3), "goodput_mbit": result["wire_goodput_mbit"],
                          "collective_rate_mbit": result["collective_rate_mbit"],
-                         "mean_density": result["mean_ratio"]})
+                         "mean_density": result["mean_density"]})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         # A drop and a rise on the training clock, each held for 40 steps' worth of time.
         probe = os.path.join(args.out, f"{method}-steps")

@@ -59,7 +59,7 @@ def test_a_bad_cell_names_method_scenario_and_field(tmp_path):
 def _r(method, scenario, seed, tta, sps=100.0):
     return {"status": "Succeeded", "method_label": method, "scenario": scenario, "seed": seed,
             "time_to_accuracy_s": tta, "throughput_samples_per_s": sps, "best_accuracy": 0.9,
-            "final_accuracy": 0.9, "mean_ratio": 0.1, "bytes_sent_per_worker": 1e6, "steps": 10,
+            "final_accuracy": 0.9, "mean_density": 0.1, "bytes_sent_per_worker": 1e6, "steps": 10,
             "selection_ms_mean": 1.0, "target_accuracy": 0.9,
             "accuracy_curve": [[5, 1.0, 0.5], [10, 2.0, 0.9 if tta else 0.6], [15, 3.0, 0.95]]}
 
@@ -144,7 +144,7 @@ def test_cluster_bench_submits_jobs_and_reads_results_from_status(kube, operator
                 job = pod.metadata.labels["netsense.dev/job"]
                 msg = json.dumps({"job": job, "status": "Succeeded", "time_to_accuracy_s": 3.0 if "topk" in job else 6.0,
                                   "throughput_samples_per_s": 100.0, "best_accuracy": 0.85,
-                                  "final_accuracy": 0.85, "mean_ratio": 0.1, "bytes_sent_per_worker": 1000,
+                                  "final_accuracy": 0.85, "mean_density": 0.1, "bytes_sent_per_worker": 1000,
                                   "steps": 10}) if rank == "0" else ""
                 kube.set_pod_phase(ns, pod.metadata.name, "Succeeded", message=msg)
                 done.add(pod.metadata.name)

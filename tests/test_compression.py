@@ -16,7 +16,7 @@ from netsense.compression import validate_config
 from netsense.compression.selection import Workspace, topk_indices
 from netsense.spec import SpecError
 
-METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "overlap"]
+METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "tta"]
 NO_CUDA = "no CUDA device here: testbed/gpu/check.sh runs the CUDA variants on a GPU"
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
                                               pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])]
@@ -117,7 +117,7 @@ def train_method(rank, world, method, steps, extra, device="cpu"):
     losses = []
     for step in range(steps):
         x, y = _batch(rank, step, n=32)
-        if method in ("netsense", "overlap"):
+        if method in ("netsense", "tta"):
             # Uneven, rank-dependent compute: raw timings differ across ranks, decisions must not.
             import time
 

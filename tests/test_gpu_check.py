@@ -29,5 +29,5 @@ def test_the_gpu_check_runs_dry_on_the_cpu_and_says_what_it_skipped(tmp_path):
     assert job["static"]["collective_timer"] == "wall-clock" and job["static"]["device"] == "cpu"
     assert job["step"]["link_rates_mbit"] == [50, 200]
     assert job["static"]["last_loss"] < job["static"]["first_loss"]
-    assert set(steps["nccl-smoke"]["data"]) == {"allreduce", "fp16", "topk", "netsense", "overlap", "powersgd"}
+    assert set(steps["nccl-smoke"]["data"]) == {"allreduce", "fp16", "topk", "netsense", "tta", "powersgd"}
     assert (out / "summary.md").read_text().startswith("# GPU check: no GPU (dry run)")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.apiserver
 
 def quick_spec(**over) -> dict:
     spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
-            "compression": {"method": "overlap"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
+            "compression": {"method": "tta"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
             "runPolicy": {"backoffLimit": 1}}
     for k, v in over.items():
         spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v

@@ -1,4 +1,4 @@
-"""Ratio policies: the paper's AIMD and our overlap controller (pure, no torch)."""
+"""Density policies: the paper's AIMD and our time-to-accuracy controller, tta (pure, no torch)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from netsense.control.policies import (
     Decision,
-    OverlapController,
     PaperAIMD,
     SelectionCost,
     StepMeasurement,
+    TimeToAccuracyController,
     dense_allreduce_bytes,
     sparse_allgather_bytes,
 )
@@ -97,7 +97,7 @@ def test_a_drop_from_200_to_20_mbit_is_sensed_within_3_steps(payload):
 
 
 def test_a_rise_from_20_to_200_mbit_is_sensed_within_10_steps():
-    """With payloads sized to the estimate, as a controller sizes them (overlap: as its square root)."""
+    """With payloads sized to the estimate, as a controller sizes them (tta: as its square root)."""
     e = LinkEstimator()
     slow, fast = SimulatedLink(20), SimulatedLink(200, seed=1)
 
@@ -133,7 +133,7 @@ def test_probes_discover_freed_capacity():
         e.observe(40e3, slow.busy(40e3))
     assert e.bandwidth == pytest.approx(slow.rate, rel=0.2)
     probes, probe = 0, 40e3
-    while e.bandwidth < 0.5 * fast.rate:  # the link is now 50x faster; each probe doubles the payload, as overlap's do
+    while e.bandwidth < 0.5 * fast.rate:  # the link is now 50x faster; each probe doubles the payload, as tta's do
         probe *= 2
         e.observe(probe, fast.busy(probe))
         probes += 1
@@ -187,24 +187,24 @@ def test_quantization_gate_doubles_the_ratio():
     assert not p.decide().fp16
 
 
-def test_overlap_sends_dense_when_the_gradient_costs_less_than_compression():
+def test_tta_sends_dense_when_the_gradient_costs_less_than_compression():
     n, world = 1_000_000, 2
-    c = OverlapController(n, world)
+    c = TimeToAccuracyController(n, world)
     assert c.decide().dense  # nothing measured yet: dense, which also measures the link
     fast = 1e9 / 8  # bytes/s
     # 4 MB at 1 Gbit/s is 32 ms on a 1 s step: TopK's extra steps would cost more than that.
     c.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 1.0, 1.0))
     d = c.decide()
     assert d.dense and not d.fp16
-    short = OverlapController(n, world)  # the same link, a 100 ms step: 32 ms is a third of it
+    short = TimeToAccuracyController(n, world)  # the same link, a 100 ms step: 32 ms is a third of it
     short.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 0.1, 1.0))
     d = short.decide()
     assert not d.dense and 0.05 < d.density < 0.2  # TopK at ~8%: 4 ms on the wire, 4% more steps
 
 
-def test_overlap_density_minimizes_the_predicted_time_to_accuracy():
+def test_tta_density_minimizes_the_predicted_time_to_accuracy():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, probe_every=1000)
+    c = TimeToAccuracyController(n, world, probe_every=1000)
     bw = 20e6 / 8  # 20 Mbit/s
     c.update(m(0, 1.0, compute=0.2, wire=bw))
     d = c.decide()
@@ -214,14 +214,14 @@ def test_overlap_density_minimizes_the_predicted_time_to_accuracy():
     for other in (d.density * 0.8, d.density * 1.25, 0.01, 0.001):
         assert c.predicted_cost(d) < c.predicted_cost(Decision(density=other, fp16=True, dense=False))
     assert c.predicted_cost(d) < c.predicted_cost(Decision(fp16=True))
-    denser = OverlapController(n, world, knee=0.012, probe_every=1000)  # a task that suffers more
+    denser = TimeToAccuracyController(n, world, knee=0.012, probe_every=1000)  # a task that suffers more
     denser.update(m(0, 1.0, compute=0.2, wire=bw))
     assert denser.decide().density == pytest.approx(2 * d.density)
 
 
-def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
+def test_tta_reacts_to_a_bandwidth_drop_within_three_steps():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, probe_every=1000)
+    c = TimeToAccuracyController(n, world, probe_every=1000)
     for _ in range(5):
         c.update(over_link(1e6, 200e6 / 8, compute=0.2))
     high = c.decide().density
@@ -231,7 +231,7 @@ def test_overlap_reacts_to_a_bandwidth_drop_within_three_steps():
     assert c.decide().density == pytest.approx(high / math.sqrt(10), rel=0.1)
 
 
-def jittery_step(c: OverlapController, mbit: float, rng: random.Random) -> None:
+def jittery_step(c: TimeToAccuracyController, mbit: float, rng: random.Random) -> None:
     """One step of c's decision over a link with 5-25 ms of fixed time (ranks launching milliseconds apart)."""
     d = c.decide()
     wire = (dense_allreduce_bytes(c.numel, c.world, d.fp16) if d.dense
@@ -240,10 +240,10 @@ def jittery_step(c: OverlapController, mbit: float, rng: random.Random) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_overlap_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed_time_jitter(seed):
+def test_tta_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed_time_jitter(seed):
     """Probes sized from the old estimate stay under the fixed time's noise; probes that double while they find
     more do not."""
-    c, rng = OverlapController(1_100_000, 2), random.Random(seed)
+    c, rng = TimeToAccuracyController(1_100_000, 2), random.Random(seed)
     for _ in range(60):
         jittery_step(c, 20, rng)
     assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
@@ -255,26 +255,26 @@ def test_overlap_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed
     assert c.probe_scale <= 16, "probes kept growing after the rise was found"
 
 
-def test_overlap_picks_the_cheaper_collective():
+def test_tta_picks_the_cheaper_collective():
     # 64 workers: a sparse all_gather costs (N-1) x k x 6 bytes, the ring allreduce ~4n
     # whatever N. At a 5% density floor, sparse would cost 5x the dense fp16 allreduce.
     n, world = 1_000_000, 64
-    c = OverlapController(n, world, min_density=0.05, probe_every=1000)
+    c = TimeToAccuracyController(n, world, min_density=0.05, probe_every=1000)
     c.update(m(0, 1.0, compute=0.1, wire=1e6))  # a slow link
     assert sparse_allgather_bytes(int(0.05 * n), world, True) > dense_allreduce_bytes(n, world, True)
     d = c.decide()
     assert d.dense and d.fp16
-    few = OverlapController(n, 2, min_density=0.05, probe_every=1000)
+    few = TimeToAccuracyController(n, 2, min_density=0.05, probe_every=1000)
     few.update(m(0, 1.0, compute=0.1, wire=1e6))
     assert not few.decide().dense  # with 2 workers sparse at 5% is far cheaper
 
 
-def test_overlap_counts_selection_time_against_the_wire():
+def test_tta_counts_selection_time_against_the_wire():
     n, world = 10_000_000, 2
     bw = 200e6 / 8
-    free = OverlapController(n, world, probe_every=1000)
+    free = TimeToAccuracyController(n, world, probe_every=1000)
     free.update(m(0, 1.0, compute=0.2, wire=bw))
-    costly = OverlapController(n, world, probe_every=1000)
+    costly = TimeToAccuracyController(n, world, probe_every=1000)
     costly.update(m(0, 1.0, compute=0.2, wire=bw))
     # Selecting 100k elements took 60 ms: 0.6 us per element, more than the wire's 0.24 us.
     costly.update(StepMeasurement(1.0 * bw, 0, 1.0, 0.2, 1.0, selection_seconds=0.06, elements_sent=100_000))
@@ -298,21 +298,21 @@ def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
     assert cost.per_element == pytest.approx(1e-7, rel=1e-6)
 
 
-def test_overlap_never_compresses_below_its_floor():
+def test_tta_never_compresses_below_its_floor():
     n, world = 10_000_000, 2
-    c = OverlapController(n, world, probe_every=1000)
+    c = TimeToAccuracyController(n, world, probe_every=1000)
     c.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))  # 0.1 Mbit/s: the optimum would be 0.035%
     d = c.decide()
     assert not d.dense and d.density == 0.001  # the default floor: 0.1%
-    high = OverlapController(n, world, probe_every=1000, min_density=0.01)
+    high = TimeToAccuracyController(n, world, probe_every=1000, min_density=0.01)
     high.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))
     assert high.decide().density == 0.01
 
 
-def test_overlap_finds_freed_capacity_within_10_steps():
+def test_tta_finds_freed_capacity_within_10_steps():
     """A 20 -> 200 Mbit rise, on a simulated link, with the controller sizing its own payloads and probes."""
     n, world = 1_100_000, 2
-    c = OverlapController(n, world)
+    c = TimeToAccuracyController(n, world)
     # 5-25 ms of fixed time per step, as two workers on two shared cores show here
     slow, fast = SimulatedLink(20, fixed=0.005, skew=0.02), SimulatedLink(200, fixed=0.005, skew=0.02, seed=1)
 

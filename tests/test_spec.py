@@ -43,7 +43,7 @@ def test_defaults_are_filled():
     job = parse_job(doc())
     assert job.workers == 2
     assert job.training["epochs"] == 1 and job.training["batchSize"] == 32
-    assert job.compression["method"] == "allreduce" and job.compression["errorFeedback"] is True
+    assert job.compression == {"method": "allreduce"}  # a method's own settings only
     assert job.run_policy["backoffLimit"] == 2
     assert job.network["direction"] == "egress"
 
@@ -121,8 +121,8 @@ def test_crd_schema_follows_the_spec_model():
     assert set(schema["properties"]) == set(SPEC.fields)
     assert set(schema["properties"]["training"]["properties"]) == set(TRAINING.fields)
     comp = schema["properties"]["compression"]["properties"]
-    assert set(comp) == set(COMPRESSION.fields)
-    assert comp["method"]["enum"] == list(COMPRESSION.fields["method"].node.enum)
+    assert set(comp) == {"method"} | {k for v in COMPRESSION.variants.values() for k in v.fields}
+    assert comp["method"]["enum"] == [*COMPRESSION.variants, *COMPRESSION.aliases]
     assert comp["density"]["maximum"] == 1
     profile = schema["properties"]["network"]["properties"]["profile"]
     assert set(profile["properties"]["type"]["enum"]) == {"static", "steps", "fluctuating", "trace"}
@@ -164,3 +164,34 @@ def test_nccl_on_cpu_tensors_is_refused_naming_the_device():
     with pytest.raises(SpecError) as e:
         parse_job(doc(training={"model": "mlp", "dataset": "digits", "backend": "nccl", "device": "cpu"}))
     assert "spec.training.device" in str(e.value) and "nccl" in str(e.value)
+
+
+def test_a_setting_of_another_method_is_an_error_naming_the_field_and_its_method():
+    with pytest.raises(SpecError) as e:
+        parse_job(doc(compression={"method": "tta", "density": 0.01}))
+    assert str(e.value).startswith("spec.compression.density: applies to method topk, not tta")
+    with pytest.raises(SpecError) as e:
+        parse_job(doc(compression={"method": "topk", "colour": "red"}))
+    assert "spec.compression.colour: unknown field" in str(e.value)
+
+
+def test_each_method_gets_its_own_defaults():
+    topk = parse_job(doc(compression={"method": "topk"})).compression
+    assert topk == {"method": "topk", "density": 0.1, "errorFeedback": True, "warmupSteps": 0}
+    assert parse_job(doc(compression={"method": "netsense"})).compression["initialRatio"] == 0.01
+
+
+@pytest.mark.parametrize("old", ["overlap", "ours"])
+def test_the_controllers_old_names_still_work_with_a_warning(old):
+    with pytest.warns(FutureWarning, match="'tta'"):
+        job = parse_job(doc(compression={"method": old, "kneeDensity": 0.004}))
+    assert job.compression["method"] == "tta" and job.compression["kneeDensity"] == 0.004
+
+
+def test_the_crd_defaults_the_method_but_no_methods_settings():
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    compression = schema["compression"]
+    assert compression["properties"]["method"]["default"] == "allreduce"
+    assert "overlap" in compression["properties"]["method"]["enum"]  # old YAML is still admitted
+    # the API server fills declared defaults into every object: a method's would land in every other's
+    assert not [k for k, v in compression["properties"].items() if k != "method" and "default" in v]

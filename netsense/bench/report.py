@@ -92,7 +92,7 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
                     x["seed"] for x in results if x["scenario"] == scenario):
                 continue
             rows_t = read_timeline(r["timeline"])
-            ax.plot([x["time"] for x in rows_t], [x["ratio"] for x in rows_t], lw=0.8, label=r["method_label"])
+            ax.plot([x["time"] for x in rows_t], [x["density"] for x in rows_t], lw=0.8, label=r["method_label"])
             if not link_drawn:
                 twin.plot([x["time"] for x in rows_t], [x["link_rate_mbit"] for x in rows_t], color="black", lw=1.5)
                 link_drawn = True

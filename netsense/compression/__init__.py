@@ -7,9 +7,11 @@
     state.finish()           # after the last step, before destroy_process_group()
 
 Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
-(fixed density), netsense (paper-faithful NetSenseML), overlap (ours; alias
-"ours"). Configuration uses the NetSenseJob's ``spec.compression`` names and is
-validated by the same schema, so a bad value fails at once naming the field.
+(fixed density), netsense (paper-faithful NetSenseML), tta (ours: the density
+that minimizes the predicted time to accuracy; "overlap" and "ours" are its old
+names). Configuration uses the NetSenseJob's ``spec.compression`` names and is
+validated by the same schema, so a bad value, or a setting of another method,
+fails at once naming the field.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from netsense.compression.hooks import CompressionState, TorchHookState, compres
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     FixedDensity,
-    OverlapController,
     PaperAIMD,
+    TimeToAccuracyController,
     dense_allreduce_bytes,
 )
 from netsense.spec.job import COMPRESSION
@@ -43,8 +45,6 @@ def validate_config(config: dict | str | None) -> dict:
     parsed = COMPRESSION.parse(dict(config), "compression", errors)
     if errors:
         raise SpecError(errors)
-    if parsed["method"] == "ours":
-        parsed["method"] = "overlap"
     return parsed
 
 
@@ -111,14 +111,14 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
-        "overlap": lambda: OverlapController(
+        "tta": lambda: TimeToAccuracyController(
             numel, world, knee=c["kneeDensity"], window=c["window"], probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step
-    state = CompressionState(policy, process_group, error_feedback=c["errorFeedback"],
-                             warmup_steps=c["warmupSteps"], need_grad_norm=method == "netsense" and c["quantize"],
+    state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", True),
+                             warmup_steps=c.get("warmupSteps", 0), need_grad_norm=method == "netsense" and c["quantize"],
                              seed=seed)
     model.register_comm_hook(state, compress_hook)
     return state

@@ -132,7 +132,7 @@ class PaperAIMD(Policy):
                         prune=self.prune_factor * (1 - self.ratio))
 
     def estimates(self) -> dict:
-        return {"ratio": self.ratio, "est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
+        return {"payload_ratio": self.ratio, "est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
 
 
 class SelectionCost:
@@ -175,7 +175,7 @@ class SelectionCost:
         return self.slope or 0.0
 
 
-class OverlapController(Policy):
+class TimeToAccuracyController(Policy):
     """Ours: the density that minimizes the predicted time to accuracy.
 
     Two measured costs and one prior. A step at density d takes

@@ -33,7 +33,7 @@ the estimate, never lower it. Here (``LinkEstimator``):
   step (a rank held up) does not;
 - capacity freed after a drop shows as soon as a measuring sample reads higher;
   a controller whose payloads are all app-limited must probe with larger ones,
-  ``probe_bytes`` (overlap does).
+  ``probe_bytes`` (tta does).
 
 RTprop, the least busy time of a recent step, is the paper's; BDP = BtlBw x RTprop.
 """

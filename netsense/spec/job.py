@@ -43,7 +43,6 @@ DEFAULT_IMAGE = "netsense/worker:0.1.0"
 
 MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "synthetic")
-METHODS = ("allreduce", "fp16", "powersgd", "topk", "netsense", "overlap", "ours")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -136,7 +135,7 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
 
-def _check_compression(c: dict, path: str, errors: Errors) -> None:
+def _check_netsense(c: dict, path: str, errors: Errors) -> None:
     if not c["minRatio"] <= c["initialRatio"] <= c["maxRatio"]:
         errors.add(f"{path}.initialRatio", "must lie between minRatio and maxRatio")
 
@@ -167,34 +166,57 @@ TRAINING = Obj({
     "syntheticClasses": F(Int(min=2), default=10),
 }, checks=[_check_training])
 
-COMPRESSION = Obj({
-    "method": F(Str(enum=METHODS), default="allreduce"),
-    "density": F(Float(min=0, max=1, exclusive_min=True, doc="topk: fraction of elements sent"), default=0.1),
-    "errorFeedback": F(Bool(), default=True),
-    "warmupSteps": F(Int(min=0, doc="dense steps before compressing"), default=0),
-    "rank": F(Int(min=1, doc="powersgd: matrix approximation rank"), default=1),
-    "startIter": F(Int(min=2, doc="powersgd: vanilla allreduce until this step"), default=10),
-    "alpha": F(Float(min=0, max=1, exclusive_min=True, doc="netsense: multiplicative decrease"), default=0.5),
-    "beta": F(Float(min=0, exclusive_min=True, doc="netsense: additive increase"), default=0.01),
-    "bdpFraction": F(Float(min=0, exclusive_min=True, doc="netsense: decrease when payload > this x BDP"), default=0.9),
-    "initialRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.01),
-    "minRatio": F(Float(min=0, max=1, exclusive_min=True, doc="netsense: lowest ratio"), default=0.001),
-    "maxRatio": F(Float(min=0, max=1, exclusive_min=True), default=1.0),
-    "startup": F(Bool(doc="netsense: double the ratio until the first decrease"), default=True),
-    "window": F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10),
-    "quantize": F(Bool(doc="netsense: fp16 gate"), default=True),
-    "trq": F(Float(min=0, max=1, doc="netsense: quantize when ratio < trq"), default=0.1),
-    "trd": F(Float(min=0, doc="netsense: ... and gradient L2 norm > trd"), default=1e-3),
-    "pruneFactor": F(Float(min=0, max=1, doc="netsense: prune at pruneFactor*(1-ratio)"), default=0.5),
-    "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
-                           doc="overlap: density at which TopK with error feedback needs twice the dense "
-                               "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
-    "minDensity": F(Float(min=0, max=1, exclusive_min=True,
-                          doc="overlap: never send less than this fraction"), default=0.001),
-    "probeEvery": F(Int(min=2, doc="overlap: steps between bandwidth probes"), default=8),
-    "probeGain": F(Float(min=1, exclusive_min=True,
-                         doc="overlap: payload gain while probing"), default=2.0),
-}, checks=[_check_compression])
+_ERROR_FEEDBACK = F(Bool(doc="keep what is not sent and add it to the next step's gradient"), default=True)
+_WARMUP = F(Int(min=0, doc="dense steps before compressing"), default=0)
+_WINDOW = F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10)
+
+COMPRESSION = Union("method", {
+    "allreduce": Obj({}, doc="plain DDP: the dense gradient, fp32"),
+    "fp16": Obj({}, doc="torch's fp16 compression hook: the dense gradient as 16-bit values"),
+    "powersgd": Obj({
+        "rank": F(Int(min=1, doc="matrix approximation rank"), default=1),
+        "startIter": F(Int(min=2, doc="vanilla allreduce until this step"), default=10),
+        "errorFeedback": _ERROR_FEEDBACK,
+    }, doc="torch's PowerSGD hook"),
+    "topk": Obj({
+        "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
+        "errorFeedback": _ERROR_FEEDBACK,
+        "warmupSteps": _WARMUP,
+    }, doc="TopK at a fixed density"),
+    "netsense": Obj({
+        "errorFeedback": _ERROR_FEEDBACK,
+        "warmupSteps": _WARMUP,
+        "alpha": F(Float(min=0, max=1, exclusive_min=True, doc="multiplicative decrease"), default=0.5),
+        "beta": F(Float(min=0, exclusive_min=True, doc="additive increase"), default=0.01),
+        "bdpFraction": F(Float(min=0, exclusive_min=True, doc="decrease when payload > this x BDP"), default=0.9),
+        # The paper's ratio: the payload as a fraction of the dense gradient's bytes. The TopK density is the
+        # ratio, or twice it under fp16 (half the bytes per value).
+        "initialRatio": F(Float(min=0, max=1, exclusive_min=True), default=0.01),
+        "minRatio": F(Float(min=0, max=1, exclusive_min=True, doc="lowest ratio"), default=0.001),
+        "maxRatio": F(Float(min=0, max=1, exclusive_min=True), default=1.0),
+        "startup": F(Bool(doc="double the ratio until the first decrease"), default=True),
+        "window": _WINDOW,
+        "quantize": F(Bool(doc="the fp16 gate"), default=True),
+        "trq": F(Float(min=0, max=1, doc="quantize when ratio < trq"), default=0.1),
+        "trd": F(Float(min=0, doc="... and gradient L2 norm > trd"), default=1e-3),
+        "pruneFactor": F(Float(min=0, max=1, doc="prune at pruneFactor*(1-ratio)"), default=0.5),
+    }, checks=[_check_netsense], doc="the paper's NetSenseML: AIMD of the payload ratio against the sensed BDP"),
+    "tta": Obj({
+        "errorFeedback": _ERROR_FEEDBACK,
+        "warmupSteps": _WARMUP,
+        "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
+                               doc="density at which TopK with error feedback needs twice the dense "
+                                   "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
+        "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
+                        default=0.001),
+        "window": _WINDOW,
+        "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
+        "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
+    }, doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+           "(measured step cost at the sensed bandwidth x predicted steps)"),
+}, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
+    doc="gradient compression: the method and its own settings (a setting of another method is an error)")
+METHODS = tuple(COMPRESSION.variants)
 
 def _cross_flow(**extra: F) -> Obj:
     return Obj({

@@ -9,6 +9,7 @@ from what the CLI and the operator accept.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,7 +259,7 @@ class Obj(Node):
                 out[name] = f.node.parse(value[name], sub, errors)
             elif f.required:
                 errors.add(sub, "required field is missing")
-            elif f.default is dict and isinstance(f.node, Obj):
+            elif f.default is dict and isinstance(f.node, (Obj, Union)):
                 out[name] = f.node.parse({}, sub, errors)  # a sub-object's own defaults
             elif f.default is not MISSING:
                 out[name] = f.default() if callable(f.default) else f.default
@@ -293,30 +294,50 @@ class Union(Node):
     variants: dict[str, Obj] = field(default_factory=dict)
     doc: str = ""
     what: str = "profile"  # what the variants are, for CEL messages
+    default: str | None = None  # the variant when the discriminator is not given
+    aliases: dict[str, str] = field(default_factory=dict)  # old variant name -> new: still read, with a warning
 
     def parse(self, value, path, errors):
+        if value is None and self.default is not None:
+            value = {}
         if not isinstance(value, dict):
             errors.add(path, f"must be a mapping with a {self.key!r} (got {value!r})")
             return None
-        kind = value.get(self.key)
+        kind = value.get(self.key, self.default)
+        if kind in self.aliases:
+            warnings.warn(f"{_join(path, self.key)}: {kind!r} is now {self.aliases[kind]!r} (the old name still "
+                          "works, for now)", FutureWarning, stacklevel=2)
+            kind = self.aliases[kind]
         if kind not in self.variants:
             errors.add(_join(path, self.key), f"unknown or missing {self.key} {kind!r} (one of: {', '.join(self.variants)})")
             return None
         variant = self.variants[kind]
-        parsed = variant.parse({k: v for k, v in value.items() if k != self.key}, path, errors)
+        rest = {k: v for k, v in value.items() if k != self.key}
+        for k in [k for k in rest if k not in variant.fields]:
+            owners = [n for n, v in self.variants.items() if k in v.fields]
+            if owners:  # a field of another variant: say so, rather than "unknown"
+                errors.add(_join(path, k), f"applies to {self.key} {', '.join(owners)}, not {kind} "
+                                           f"(its fields: {', '.join(variant.fields) or 'none'})")
+                del rest[k]
+        parsed = variant.parse(rest, path, errors)
         return {self.key: kind, **parsed}
 
     def openapi(self):
-        props: dict = {self.key: {"type": "string", "enum": list(self.variants)}}
+        props: dict = {self.key: {"type": "string", "enum": list(self.variants) + list(self.aliases)}}
+        if self.default is not None:
+            props[self.key]["default"] = self.default
         cel = []
         for kind, variant in self.variants.items():
+            # No defaults here: the API server would fill every variant's into every object.
             for name, f in variant.fields.items():
                 props.setdefault(name, f.node.openapi())
                 if f.required:
                     cel.append({"rule": f"self.{self.key} != '{kind}' || has(self.{name})",
                                 "message": f"a {kind} {self.what} needs {name}"})
             cel += [{**c, "rule": f"self.{self.key} != '{kind}' || ({c['rule']})"} for c in variant.cel]
-        s: dict = {"type": "object", "required": [self.key], "properties": props}
+        s: dict = {"type": "object", "properties": props}
+        if self.default is None:
+            s["required"] = [self.key]
         if cel:
             s["x-kubernetes-validations"] = cel
         return self._described(s)

@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "ratio", "bytes", "comm_s", "compute_s",
+TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "density", "bytes", "comm_s", "compute_s",
                     "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit", "samples_per_s",
                     "accuracy"]
 
@@ -78,7 +78,7 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     fig, axes = plt.subplots(panels, 1, figsize=(8, 2.25 * panels), sharex=True)
     axes[0].plot(t, [r["samples_per_s"] for r in rows], lw=0.8)
     axes[0].set_ylabel("samples/s")
-    axes[1].plot(t, [r["ratio"] for r in rows], lw=0.8, color="tab:orange")
+    axes[1].plot(t, [r["density"] for r in rows], lw=0.8, color="tab:orange")
     axes[1].set_ylabel("density")
     axes[1].set_yscale("log")
     link = [(r["time"], r["link_rate_mbit"]) for r in rows if r["link_rate_mbit"] is not None]

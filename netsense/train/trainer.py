@@ -109,6 +109,7 @@ class Trainer:
         self.t = job.training
         torch.set_num_threads(self.t["threads"])
         self.backend, self.device = resolve_device(self.t, torch.cuda.is_available())
+        self.budget_s = units.parse_duration(self.t["maxSeconds"]) if self.t.get("maxSeconds") else None
         self.profile = build_profile(job.network.get("profile"))
         self.start_file = start_file
         self.profile_epoch: float | None = None  # set when training starts
@@ -164,8 +165,7 @@ class Trainer:
         target = self.t.get("targetAccuracy")
         if target and self.t["stopAtTarget"] and self.state.tta is not None:
             return True
-        budget = self.t.get("maxSeconds")
-        return bool(budget and self.state.train_time >= units.parse_duration(budget))
+        return self.budget_s is not None and self.state.train_time >= self.budget_s
 
     def _agree_stop(self) -> bool:
         flag = torch.tensor([1.0 if (self.rank == 0 and self._local_stop()) else 0.0], device=self.device)
@@ -243,7 +243,7 @@ class Trainer:
                 s.train_time = time.perf_counter() - start - s.eval_seconds
                 self.timeline.add(
                     time=round(s.train_time, 4), step=s.step, epoch=s.epoch, loss=round(s.last_loss, 5),
-                    ratio=rec.get("density"), bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
+                    density=rec.get("density"), bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
                     est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
                     link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
@@ -280,7 +280,7 @@ class Trainer:
         sps = samples_per_step * (len(recent) - 1) / dt if dt > 0 else 0.0
         last = self.timeline.rows[-1]
         emit("progress", step=s.step, max_steps=max_steps if max_steps < 10**12 else None, epoch=s.epoch,
-             loss=round(s.last_loss, 4), samples_per_s=round(sps, 1), density=last["ratio"],
+             loss=round(s.last_loss, 4), samples_per_s=round(sps, 1), density=last["density"],
              rate_mbit=last["link_rate_mbit"], accuracy=s.final_accuracy, time=round(s.train_time, 2),
              profile_epoch=self.profile_epoch)
 
@@ -310,7 +310,7 @@ class Trainer:
             "target_accuracy": self.t.get("targetAccuracy"),
             "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
             "final_loss": round(s.last_loss, 5),
-            "mean_ratio": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
+            "mean_density": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
             "dense_warmup_steps": sum(1 for h in hist if h["warmup"]),
             "bytes_sent_per_worker": int(wire),
             # bytes on the wire over the training clock: never above the link for long

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-METHODS = ["allreduce", "fp16", "topk", "netsense", "overlap", "powersgd"]
+METHODS = ["allreduce", "fp16", "topk", "netsense", "tta", "powersgd"]
 
 
 @dataclass
@@ -103,7 +103,7 @@ def job_doc(name: str, profile: dict, device: str, steps: int) -> dict:
                      "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 1024, "batchSize": 32,
                                   "maxSteps": steps, "evalEvery": 20, "backend": "gloo", "device": device,
                                   "seed": 0},
-                     "compression": {"method": "overlap"},
+                     "compression": {"method": "tta"},
                      "network": {"profile": profile}}}
 
 
