@@ -11,7 +11,7 @@ PIP_FLAGS ?= --disable-pip-version-check
 .PHONY: help venv run test test-fast lint fmt envtest manifests kind-e2e gpu-check bench clean
 
 help:
-	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated testbed (root)"
+	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
 	@echo "make test       set up .venv and the envtest control plane, then run every test"
 	@echo "make test-fast  unit tests only (no root, no API server)"
 	@echo "make lint       ruff"

@@ -10,4 +10,4 @@ COPY operator ./operator
 RUN pip install --no-cache-dir . ./operator && rm -rf /src
 WORKDIR /
 USER 65532:65532
-CMD ["netsense", "operator"]
+CMD ["netsense-operator"]

@@ -132,12 +132,12 @@ def cmd_worker(_args) -> int:
 
 def cmd_operator(args) -> int:
     try:
-        from netsense_operator.main import run_operator
+        from netsense_operator.main import main as operator_main
     except ImportError as e:
         print(f"netsense operator: the operator is a distribution of its own (operator/): "
-              f"pip install ./operator ({e})", file=sys.stderr)
+              f"pip install . ./operator ({e})", file=sys.stderr)
         return 2
-    return run_operator(namespaces=args.namespace, liveness=args.liveness)
+    return operator_main(args.operator_args)
 
 
 def cmd_bench(args) -> int:
@@ -227,10 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)")
     s.set_defaults(fn=cmd_worker)
 
-    s = sub.add_parser("operator", help="run the NetSenseJob Kubernetes operator (kopf)")
-    s.add_argument("--namespace", action="append", default=None, help="watch only this namespace (repeatable)")
-    s.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    s.set_defaults(fn=cmd_operator)
+    s = sub.add_parser("operator", add_help=False,
+                       help="run the NetSenseJob Kubernetes operator (netsense-operator; --help for its options)")
+    s.set_defaults(fn=cmd_operator)  # its own options pass through (main)
 
     s = sub.add_parser("clean", help="remove the network namespaces (and their processes) left by killed runs")
     s.add_argument("--all", action="store_true", help="also those of runs still alive")
@@ -248,7 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "operator":
+        args.operator_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     try:

@@ -21,6 +21,14 @@ TRAINER = "trainer"  # the trainer's container (its logs, its termination messag
 SHAPER = "shaper"  # the shaping sidecar's container
 CONTAINERS = (TRAINER, SHAPER)
 
+# The variables `netsense worker` reads (netsense.train.trainer), written by both backends.
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")  # torch's env://
+JOB_FILE_ENV = "NETSENSE_JOB_FILE"  # the job (job.json): a file, as a trace can outgrow one variable
+OUT_DIR_ENV = "NETSENSE_OUT"  # where the worker writes timeline and result (local runs)
+RESULT_PATH_ENV = "NETSENSE_RESULT_PATH"  # rank 0's result.json, also here (a pod's termination message)
+PROFILE_START_ENV = "NETSENSE_PROFILE_START_FILE"  # rank 0 writes the training clock's start there
+QUEUE_SUMMARY_ENV = "NETSENSE_QUEUE_SUMMARY"  # the shaper's queue summary, for rank 0's result
+
 
 def worker_env(job: Job, rank: int, master_addr: str, job_file: str, interface: str | None,
                extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -36,7 +44,7 @@ def worker_env(job: Job, rank: int, master_addr: str, job_file: str, interface: 
         "WORLD_SIZE": str(job.workers),
         "RANK": str(rank),
         "LOCAL_RANK": "0",
-        "NETSENSE_JOB_FILE": job_file,
+        JOB_FILE_ENV: job_file,
         "OMP_NUM_THREADS": str(job.training["threads"]),
         "PYTHONUNBUFFERED": "1",
     }
@@ -55,11 +63,14 @@ class Verdict:
     message: str
 
 
-def rank_failure(failed: dict[int, str]) -> str | None:
-    """The failure that names the gang's: the lowest failed rank's own reason (None: none failed)."""
+def rank_failure(failed: dict[int, str], ended: dict[int, float] | None = None) -> str | None:
+    """The failure that names the gang's (None: none failed): the first rank to fail, by ``ended`` (when
+    each failed rank ended; the lowest rank among ties or where unknown). The first is the cause: the
+    others die of it a moment later (a reset connection), and their messages say only that."""
     if not failed:
         return None
-    rank = min(failed)
+    ended = ended or {}
+    rank = min(failed, key=lambda r: (ended.get(r, float("inf")), r))
     return f"rank {rank} failed: {failed[rank]}"
 
 

@@ -13,9 +13,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICY = {"backoffLimit": 2}
 
 
-def test_the_lowest_failed_rank_names_the_failure():
+def test_the_first_rank_to_fail_names_the_failure():
     assert rank_failure({}) is None
-    assert rank_failure({3: "OOMKilled", 1: "exit code 1"}) == "rank 1 failed: exit code 1"
+    # rank 1 was OOMKilled; rank 0 died of it a moment later (its peer reset the connection)
+    failed = {0: "Connection reset by peer", 1: "OOMKilled"}
+    assert rank_failure(failed, {0: 100.4, 1: 100.0}) == "rank 1 failed: OOMKilled"
+    assert rank_failure(failed) == "rank 0 failed: Connection reset by peer"  # unknown times: the lowest rank
 
 
 @pytest.mark.parametrize("failure, restarts, policy, elapsed, want", [

@@ -131,3 +131,15 @@ def test_operator_built_pods_validate():
         validate(res.service(job, "default", "uid-1"))
         for rank in range(job.workers):
             validate(res.worker_pod(job, "default", "uid-1", rank, 0))
+
+
+def test_the_operator_and_the_shaper_sidecar_never_import_torch():
+    """Their images have no torch (images/operator.Dockerfile, images/shaper.Dockerfile): an import of it
+    anywhere on their paths would fail only there, at a user's first kubectl apply."""
+    import sys
+
+    code = ("import sys, netsense_operator.handlers, netsense_operator.main, netsense.cli, netsense.shaping.shaper, "
+            "netsense.shaping.queue, netsense.shaping.tc; "
+            "sys.exit('torch imported' if 'torch' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -42,7 +42,7 @@ def test_a_job_round_trips_with_schema_defaults(kube, ns):
     kube.create_job(ns, "roundtrip", {"training": {"model": "mlp"}})
     job = kube.job(ns, "roundtrip")
     assert job["spec"]["workers"] == 2  # default from the generated schema
-    assert job["spec"]["compression"]["method"] == "allreduce"
+    assert job["spec"]["compression"] == {"method": "allreduce"}  # no other method's defaults
     assert job["spec"]["training"]["batchSize"] == 32
 
 
@@ -52,7 +52,9 @@ def test_a_job_round_trips_with_schema_defaults(kube, ns):
     ({"network": {"profile": {"type": "static", "rate": "fast"}}}, "spec.network.profile.rate"),
     ({"network": {"profile": {"type": "static"}}}, "a static profile needs rate"),
     ({"training": {"optimizer": "lion"}}, "spec.training.optimizer"),
-    ({"compression": {"density": 1.5}}, "spec.compression.density"),
+    ({"compression": {"method": "topk", "density": 1.5}}, "spec.compression.density"),
+    ({"compression": {"method": "tta", "density": 0.01}}, "density applies to method topk"),
+    ({"compression": {"density": 0.01}}, "density applies to method topk"),  # method defaults to allreduce
 ])
 def test_the_server_rejects_bad_jobs_with_its_message(kube, ns, spec, message):
     with pytest.raises(client.ApiException) as e:

@@ -195,3 +195,18 @@ def test_the_crd_defaults_the_method_but_no_methods_settings():
     assert "overlap" in compression["properties"]["method"]["enum"]  # old YAML is still admitted
     # the API server fills declared defaults into every object: a method's would land in every other's
     assert not [k for k, v in compression["properties"].items() if k != "method" and "default" in v]
+
+
+def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
+    """Before the union the CRD filled every method's defaults into spec.compression; such jobs (stored,
+    or recorded in status.appliedSpec) must still run after an upgrade, under the old method name too."""
+    from netsense.spec import parse_spec
+
+    old = {"method": "overlap", "density": 0.1, "errorFeedback": True, "warmupSteps": 0, "rank": 1,
+           "startIter": 10, "alpha": 0.5, "initialRatio": 0.01, "kneeDensity": 0.004, "probeEvery": 8}
+    with pytest.warns(FutureWarning):
+        job = parse_spec({"compression": old})
+    assert job.compression == {"method": "tta", "errorFeedback": True, "warmupSteps": 0, "kneeDensity": 0.004,
+                               "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0}
+    with pytest.raises(SpecError, match="density: applies to method topk"):
+        parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default

@@ -60,7 +60,8 @@ def measure_ceiling(grid: dict, out_dir: str, when: str = "before") -> float | N
     """
     base = grid.get("base") or {}
     workers = base.get("workers", 2)
-    spec = merge(base, {"workers": 1, "compression": {"method": "allreduce"}})
+    spec = merge(base, {"workers": 1})
+    spec["compression"] = {"method": "allreduce"}
     spec.get("network", {}).pop("profile", None)
     doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "ceiling"},
            "spec": spec}

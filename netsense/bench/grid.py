@@ -61,7 +61,8 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         for scenario, setting in grid["profiles"].items():
             network = setting["network"] if isinstance(setting, dict) and "network" in setting else {"profile": setting}
             for seed in seeds:
-                spec = merge(base, {"compression": compression, "network": network, "training": {"seed": seed}})
+                spec = merge(base, {"network": network, "training": {"seed": seed}})
+                spec["compression"] = copy.deepcopy(compression)  # a method's settings are its own: never merged
                 doc = {"apiVersion": API_VERSION, "kind": KIND,
                        "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
                 try:

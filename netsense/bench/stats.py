@@ -73,7 +73,8 @@ def summarize(results: list[dict]) -> list[dict]:
             "samples_per_s": _mean([r["throughput_samples_per_s"] for r in runs]),
             "best_accuracy": _mean([r["best_accuracy"] for r in runs if r.get("best_accuracy") is not None]),
             "final_accuracy": _mean([r["final_accuracy"] for r in runs if r.get("final_accuracy") is not None]),
-            "mean_density": _mean([r["mean_density"] for r in runs if r.get("mean_density") is not None]),
+            # mean_ratio: the same, in results written before the rename (reused from an earlier --out)
+            "mean_density": _mean([d for r in runs if (d := r.get("mean_density", r.get("mean_ratio"))) is not None]),
             "wire_mb_per_worker": _mean([r["bytes_sent_per_worker"] / 1e6 for r in runs
                                          if r.get("bytes_sent_per_worker") is not None]),
             "bytes_per_step": _mean([r["bytes_sent_per_worker"] / r["steps"] for r in runs if r.get("steps")]),

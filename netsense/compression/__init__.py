@@ -100,7 +100,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     if method == "fp16":
         state = TorchHookState(default_hooks.fp16_compress_hook, process_group,
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
-                               process_group, fp16=True)
+                               process_group, fp16=True, always_dense=True)
         model.register_comm_hook(state, torch_hook)
         return state
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -117,7 +117,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step
-    state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", True),
+    # allreduce has neither setting, and without sparse steps neither matters.
+    state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", 0), need_grad_norm=method == "netsense" and c["quantize"],
                              seed=seed)
     model.register_comm_hook(state, compress_hook)

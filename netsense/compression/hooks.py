@@ -158,17 +158,26 @@ class TorchHookState(MeasuredState):
 
     inner_hook, inner_state   the torch hook and its state
     wire                      bytes a bucket puts on the wire under that hook
-    fp16                      whether the hook sends 16-bit values (for the record)
+    fp16                      the hook sends 16-bit values (for the record)
+    always_dense              every value is sent (fp16); else a step is dense when every bucket's wire is the
+                              dense fp32 all-reduce's (PowerSGD before startIter)
     """
 
     def __init__(self, inner_hook: Callable, inner_state: Any, wire: Callable[[dist.GradBucket], float],
-                 process_group: dist.ProcessGroup | None = None, fp16: bool = False):
+                 process_group: dist.ProcessGroup | None = None, fp16: bool = False, always_dense: bool = False):
         super().__init__(process_group)
-        self.inner_hook, self.inner_state, self.wire, self.fp16 = inner_hook, inner_state, wire, fp16
+        self.inner_hook, self.inner_state, self.wire = inner_hook, inner_state, wire
+        self.fp16, self.always_dense = fp16, always_dense
+        self.dense = True  # this step's buckets were all sent dense
+
+    def _beginning(self) -> None:
+        self.dense = True
 
     def _decision_fields(self) -> dict:
-        c = self.counts
-        return {"fp16": self.fp16, "dense": c.elements_sent >= c.elements_total, "warmup": False}
+        return {"fp16": self.fp16, "dense": self.dense, "warmup": False}
+
+    def _extra_fields(self, record: dict) -> dict:
+        return {"elements_sent": 0.0}  # the measure of selection work: these hooks select nothing
 
 
 def torch_hook(state: TorchHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -176,6 +185,7 @@ def torch_hook(state: TorchHookState, bucket: dist.GradBucket) -> torch.futures.
         state.begin_step(bucket.buffer().device)
     n, c = bucket.buffer().numel(), state.counts
     wire = state.wire(bucket)
+    state.dense = state.dense and (state.always_dense or wire >= dense_allreduce_bytes(n, state.world))
     c.wire_bytes += wire
     c.payload_bytes += wire
     c.elements_total += n

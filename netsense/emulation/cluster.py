@@ -29,7 +29,7 @@ the machine's own network.
 Cleanup is guaranteed on normal exit, exceptions, SIGINT and SIGTERM (the CLI
 turns SIGTERM into an exception): processes are killed by process group, then
 the namespaces are deleted, which removes their veths, bridges and qdiscs. A
-state file under /run/netsense records the owner's pid, so ``netsense testbed
+state file under /run/netsense records the owner's pid, so ``netsense
 clean`` can remove what a SIGKILLed run left behind.
 """
 
@@ -87,7 +87,7 @@ def kernel_has_netem() -> bool:
 
 def preflight(profile: Profile | None) -> None:
     if os.geteuid() != 0:
-        raise EmulationError("the local testbed needs root (network namespaces and tc); run it with sudo")
+        raise EmulationError("the emulated cluster needs root (network namespaces and tc); run it with sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise EmulationError(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")

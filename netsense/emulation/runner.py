@@ -20,7 +20,15 @@ from typing import TextIO
 from netsense.emulation.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.emulation.cluster import LocalCluster
 from netsense.errors import NetsenseError
-from netsense.gang import Verdict, judge, rank_failure, worker_env
+from netsense.gang import (
+    OUT_DIR_ENV,
+    PROFILE_START_ENV,
+    RENDEZVOUS_ENV,
+    Verdict,
+    judge,
+    rank_failure,
+    worker_env,
+)
 from netsense.shaping.profiles import build_profile
 from netsense.spec import Job
 from netsense.train.results import plot, write_result
@@ -71,10 +79,10 @@ class Progress:
 def local_worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None) -> dict[str, str]:
     """This machine's environment (PATH, the venv, ...) with the worker contract on top; eth0 is each
     host's one link here, shaped or not."""
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
-    extra = {"NETSENSE_OUT": out_dir}
+    inherited = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_ENV}
+    extra = {OUT_DIR_ENV: out_dir}
     if start_file is not None and rank == 0:
-        extra["NETSENSE_PROFILE_START_FILE"] = start_file  # one follower shapes every link here
+        extra[PROFILE_START_ENV] = start_file  # one follower shapes every link here
     return {**inherited, **worker_env(job, rank, master, job_file(out_dir), "eth0", extra)}
 
 
@@ -131,11 +139,15 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    exited: dict[int, float] = {}  # when each rank's exit was first seen: the first failure is the cause
     while True:
         codes = [p.poll() for p in procs]
+        for r, c in enumerate(codes):
+            if c is not None:
+                exited.setdefault(r, time.monotonic())
         failed = {r: _last_line(os.path.join(logs, f"worker-{r}.attempt{attempt}.log")) or f"exit code {c}"
                   for r, c in enumerate(codes) if c not in (None, 0)}
-        verdict = judge(rank_failure(failed), attempt, job.run_policy, time.monotonic() - started)
+        verdict = judge(rank_failure(failed, exited), attempt, job.run_policy, time.monotonic() - started)
         if verdict:
             cluster.kill_processes()
             return verdict

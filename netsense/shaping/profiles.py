@@ -2,7 +2,7 @@
 
 A profile is a list of change points ``(t_seconds, rate_bps)`` starting at t=0,
 optionally periodic (a looped trace), plus netem impairments. The same object
-drives the local testbed, the Kubernetes sidecar, and the link-rate column of a
+drives the emulated cluster, the Kubernetes sidecar, and the link-rate column of a
 run's timeline, so all three agree on what the network was at any moment.
 """
 

@@ -5,7 +5,7 @@ Read over rtnetlink (RTM_GETQDISC), the numbers ``tc -s qdisc show`` prints, at
 two cores here can spare beside a training job (one sampler costs ~5% of a
 core while its links carry traffic). A netlink socket belongs to the network
 namespace it was opened in, so one sampler opens one per namespace (setns,
-briefly, in its own thread) and reads every shaped link of a testbed run; the
+briefly, in its own thread) and reads every shaped link of an emulated run; the
 shaping sidecar reads its own pod's.
 
     python -m netsense.shaping.queue --dev [LABEL=][NETNS:]DEV ... [--clock FILE] [--every 0.01] --out queue.csv
@@ -234,7 +234,7 @@ class LinkStats:
 
 
 class Sampler:
-    """Samples links every ``every_s`` until stop(): rows into ``csv_path`` (optional: the testbed keeps them
+    """Samples links every ``every_s`` until stop(): rows into ``csv_path`` (optional: the emulated cluster keeps them
     for its plots and per-step columns) and the summary into ``summary_path`` every few seconds and at the
     end (small: what a sidecar leaves in the pod's shared emptyDir for the trainer)."""
 

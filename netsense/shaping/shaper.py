@@ -1,6 +1,6 @@
 """Follow a bandwidth profile over time on one or more links.
 
-Used by the local testbed (a thread, all hosts' links at once) and by
+Used by the emulated cluster (a thread, all hosts' links at once) and by
 ``netsense shape`` (the Kubernetes sidecar: one pod's eth0, egress and optionally
 ingress).
 

@@ -14,7 +14,7 @@ Layout on the shaped device::
 A link must be faithful for what a training step sends: a short payload after
 an idle gap (evaluation, compute), not only bulk. The bucket is full after any
 pause, so its size B is exactly what a payload gets for free; measured at the
-receiver after 100 ms idle (testbed.bulk's payload mode):
+receiver after 100 ms idle (netsense.emulation.bulk's payload mode):
 
 - HTB as shipped before (burst ~5 ms, >= 15 kB, quantum 60000) let 47 kB cross
   a 50 Mbit link at 33x the rate and 100 kB a 200 Mbit link at 13x; cutting its
@@ -37,7 +37,7 @@ GSO packet larger than its bucket when it is queued, but one queued while the
 bucket was larger stays whole, and when the bucket shrinks below it (1 Gbit ->
 200 Mbit: 31 kB -> 3 kB) it can never be sent: the link stalled for good in a
 2000 -> 1400 Mbit step. The cap costs where it is small: with one-frame
-packets a link through the testbed's bridge carried ~1.1 Gbit at most on 2
+packets a link through the emulated cluster's bridge carried ~1.1 Gbit at most on 2
 cores (0.95x of 2 Gbit over a plain veth pair) and bulk TCP reached 0.87-0.9x
 of 200-500 Mbit (0.95x with full GSO), so a profile that visits 20 Mbit runs
 its fast steps a little slow here. A static link keeps full GSO. Senders whose traffic is shaped on ingress only

@@ -233,7 +233,7 @@ CROSS_TRAFFIC = Union("type", {
     "bulk": _cross_flow(),
     "onoff": _cross_flow(onFor=F(Unit("duration", doc="time sending per cycle"), required=True),
                          offFor=F(Unit("duration", doc="time idle per cycle"), required=True)),
-}, doc="background TCP flows from rack A to rack B of the shared topology (local testbed), competing "
+}, doc="background TCP flows from rack A to rack B of the shared topology (emulated cluster), competing "
        "with the training traffic at the shared link: bulk (always on) or onoff (on/off cycles)",
    what="cross-traffic flow")
 
@@ -246,7 +246,7 @@ def _check_network(n: dict, path: str, errors: Errors) -> None:
 NETWORK = Obj({
     "profile": F(PROFILE),
     "topology": F(Str(enum=("per-host", "shared"),
-                      doc="per-host: the profile shapes each worker's own link; shared (local testbed): "
+                      doc="per-host: the profile shapes each worker's own link; shared (emulated cluster): "
                           "workers on two racks joined by one link that the profile shapes, which every "
                           "ring hop crosses"), default="per-host"),
     "crossTraffic": F(ListOf(CROSS_TRAFFIC, doc="background flows at the shared link (topology: shared)")),
@@ -344,8 +344,33 @@ class Job:
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.name}, "spec": self.spec}
 
 
+# What the first CRD filled into every job's spec.compression (then one flat bag of every method's settings):
+# a job stored before the union, or the appliedSpec an earlier operator recorded, still carries them.
+_FLAT_DEFAULTS = {"density": 0.1, "errorFeedback": True, "warmupSteps": 0, "rank": 1, "startIter": 10,
+                  "alpha": 0.5, "beta": 0.01, "bdpFraction": 0.9, "initialRatio": 0.01, "minRatio": 0.001,
+                  "maxRatio": 1.0, "startup": True, "window": 10, "quantize": True, "trq": 0.1, "trd": 1e-3,
+                  "pruneFactor": 0.5, "kneeDensity": 0.003, "minDensity": 0.001, "probeEvery": 8, "probeGain": 2.0}
+
+
+def _without_flat_defaults(spec: Any) -> Any:
+    """Other methods' settings that hold exactly the first CRD's defaults are the API server's, not the
+    user's: dropped. Any other value of another method's setting is still an error."""
+    c = spec.get("compression") if isinstance(spec, dict) else None
+    if not isinstance(c, dict):
+        return spec
+    method = c.get("method", COMPRESSION.default)
+    variant = COMPRESSION.variants.get(COMPRESSION.aliases.get(method, method))
+    if variant is None:
+        return spec
+    kept = {k: v for k, v in c.items()
+            if k == "method" or k in variant.fields or k not in _FLAT_DEFAULTS or _FLAT_DEFAULTS[k] != v}
+    return {**spec, "compression": kept}
+
+
 def parse_spec(spec: Any, name: str = "job") -> Job:
-    """Validate a bare ``spec`` mapping (what the operator receives)."""
+    """Validate a bare ``spec`` mapping (what the operator receives from the API server, which may hold
+    what an earlier CRD defaulted)."""
+    spec = _without_flat_defaults(spec)
     errors = Errors()
     parsed = SPEC.parse(spec, "spec", errors)
     if errors:
@@ -445,14 +470,14 @@ def check_local(job: Job) -> None:
 
 
 def check_cluster(job: Job) -> None:
-    """What only the local testbed can do: refused on a cluster, where the network between nodes is real."""
+    """What only the emulated cluster can do: refused on a cluster, where the network between nodes is real."""
     net, issues = job.network, []
     profile = net.get("profile")
     if profile and profile["type"] == "trace" and "file" in profile:
         issues.append(Issue("spec.network.profile.file", "trace files cannot be read in a cluster; inline them as "
                                                          "points"))
     if net["topology"] == "shared":
-        issues.append(Issue("spec.network.topology", "shared is the local testbed's emulated switch; on a cluster "
+        issues.append(Issue("spec.network.topology", "shared is the emulated cluster's emulated switch; on a cluster "
                                                      "the nodes' own network is the shared link (use per-host)"))
     if issues:
         raise SpecError(issues)

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import copy
 
-from netsense.gang import CONTAINERS  # by name: trainer, or shaper
+from netsense.gang import CONTAINERS, RENDEZVOUS_ENV  # containers by name: trainer, or shaper
 
 OWNED_SPEC = ("containers", "initContainers", "restartPolicy", "hostname", "subdomain")
 CONTAINER_FIELDS = ("name", "env", "envFrom", "volumeMounts", "resources")
-OWNED_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+OWNED_ENV = RENDEZVOUS_ENV
 OWNED_LABEL_PREFIX = "netsense.dev/"
 OPERATOR_VOLUMES = ("netsense-run", "netsense-job")
 

@@ -326,15 +326,24 @@ class Union(Node):
         props: dict = {self.key: {"type": "string", "enum": list(self.variants) + list(self.aliases)}}
         if self.default is not None:
             props[self.key]["default"] = self.default
+        names = {kind: [kind, *(a for a, k in self.aliases.items() if k == kind)] for kind in self.variants}
+        owners: dict[str, list[str]] = {}
         cel = []
         for kind, variant in self.variants.items():
+            when = f"self.{self.key} in {names[kind]}"
             # No defaults here: the API server would fill every variant's into every object.
             for name, f in variant.fields.items():
                 props.setdefault(name, f.node.openapi())
+                owners.setdefault(name, []).append(kind)
                 if f.required:
-                    cel.append({"rule": f"self.{self.key} != '{kind}' || has(self.{name})",
-                                "message": f"a {kind} {self.what} needs {name}"})
-            cel += [{**c, "rule": f"self.{self.key} != '{kind}' || ({c['rule']})"} for c in variant.cel]
+                    cel.append({"rule": f"!({when}) || has(self.{name})", "message": f"a {kind} {self.what} needs {name}"})
+            cel += [{**c, "rule": f"!({when}) || ({c['rule']})"} for c in variant.cel]
+        for name, kinds in owners.items():  # a field of one variant given with another: refused, as parse does
+            props[name]["description"] = (props[name].get("description", "") + f" ({self.key}: {', '.join(kinds)})").strip()
+            if len(kinds) < len(self.variants):
+                allowed = [n for k in kinds for n in names[k]]
+                cel.append({"rule": f"self.{self.key} in {allowed} || !has(self.{name})",
+                            "message": f"{name} applies to {self.key} {', '.join(kinds)}"})
         s: dict = {"type": "object", "properties": props}
         if self.default is None:
             s["required"] = [self.key]

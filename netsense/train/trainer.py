@@ -1,4 +1,4 @@
-"""The DDP trainer: what runs in every worker (a testbed host or a Kubernetes pod).
+"""The DDP trainer: what runs in every worker (a host of the emulated cluster or a Kubernetes pod).
 
 Configuration comes from the environment, exactly as a pod gets it:
 MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK (torch's env:// rendezvous),
@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from netsense import units
+from netsense import gang, units
 from netsense.compression import ddp_options, register
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.queue import read_summary
@@ -340,14 +340,14 @@ def _ms(seconds: float | None) -> float | None:
 def worker_main() -> int:
     """`netsense worker`: train as configured by the environment; exit 0/1."""
     try:
-        with open(os.environ["NETSENSE_JOB_FILE"]) as fh:
+        with open(os.environ[gang.JOB_FILE_ENV]) as fh:
             doc = json.load(fh)
         job = parse_spec(doc["spec"], doc.get("metadata", {}).get("name", "job"))
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError, OSError) as e:
         print(f"netsense worker: bad environment: {e}", file=sys.stderr)
         return 2
-    trainer = Trainer(job, rank, world, os.environ.get("NETSENSE_PROFILE_START_FILE"))
+    trainer = Trainer(job, rank, world, os.environ.get(gang.PROFILE_START_ENV))
     try:
         trainer.setup()
         result = trainer.train()
@@ -362,10 +362,10 @@ def worker_main() -> int:
             except Exception:
                 pass
     if rank == 0:
-        summary = os.environ.get("NETSENSE_QUEUE_SUMMARY")  # on a cluster: this pod's shaped link(s)
+        summary = os.environ.get(gang.QUEUE_SUMMARY_ENV)  # on a cluster: this pod's shaped link(s)
         if summary and (links := read_summary(summary)):
             result["bottleneck"] = {"links": links}
-        out = os.environ.get("NETSENSE_OUT")
+        out = os.environ.get(gang.OUT_DIR_ENV)
         if out:
             os.makedirs(out, exist_ok=True)
             trainer.timeline.write_csv(os.path.join(out, "timeline.csv"))
@@ -376,7 +376,7 @@ def worker_main() -> int:
 
 
 def _write_termination(text: str) -> None:
-    path = os.environ.get("NETSENSE_RESULT_PATH")
+    path = os.environ.get(gang.RESULT_PATH_ENV)
     if path:
         try:
             with open(path, "w") as fh:

@@ -6,5 +6,5 @@ on top of netsense's core (the spec, profiles), no torch, so the operator image 
     status     reading pods into the job's status (pure functions)
     leader     one acting replica (a Lease)
     metrics    Prometheus metrics
-    main       `netsense operator` / `netsense-operator`
+    main       `netsense-operator` (also `netsense operator`, `python -m netsense_operator`)
 """

@@ -304,7 +304,13 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         return
     if phase is None or "appliedSpec" not in status:
         return  # the create handler has not finished yet
-    job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
+    try:
+        job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
+    except SpecError as e:  # recorded by an operator whose spec this one no longer reads: end, never loop
+        _delete_pods(namespace, _pods(pods_by_job, uid))
+        _fail_early(patch, body, "InvalidSpec", f"the spec recorded at creation no longer validates: {e}")
+        METRICS.ended(st.FAILED, "InvalidSpec")
+        return
     conditions = list(status.get("conditions") or [])
     if st.spec_hash(dict(spec)) != status.get("specHash"):
         conditions = st.set_condition(conditions, "SpecChangeRefused", "True", "Immutable",
@@ -341,7 +347,9 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         METRICS.ended(final_phase, reason)
 
     missing = [r for r in range(job.workers) if r not in by_rank]
-    failure = rank_failure({r: st.failure_reason(by_rank[r]) for r, p in phases.items() if p == "Failed"})
+    failed = [r for r, p in phases.items() if p == "Failed"]
+    failure = rank_failure({r: st.failure_reason(by_rank[r]) for r in failed},
+                           {r: t for r in failed if (t := st.finished_at(by_rank[r])) is not None})
     if failure is None and missing and phase == st.RUNNING:
         failure = f"rank {missing[0]} failed: its pod disappeared"
     restarts = int(status.get("restarts", 0))

@@ -1,4 +1,5 @@
-"""`netsense operator`: run the kopf operator in this process."""
+"""`netsense-operator` (also `netsense operator`, `python -m netsense_operator`): the kopf operator in this
+process."""
 
 from __future__ import annotations
 
@@ -57,3 +58,14 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
         logging.shutdown()
         os._exit(code)
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="netsense-operator", description="The NetSenseJob operator (kopf).")
+    p.add_argument("--namespace", action="append", default=None,
+                   help="watch only this namespace (repeatable; default: every namespace)")
+    p.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    args = p.parse_args(argv)
+    return run_operator(namespaces=args.namespace, liveness=args.liveness)

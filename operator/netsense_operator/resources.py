@@ -22,7 +22,15 @@ from __future__ import annotations
 
 import json
 
-from netsense.gang import MASTER_PORT, SHAPER, TRAINER, worker_env
+from netsense.gang import (
+    MASTER_PORT,
+    PROFILE_START_ENV,
+    QUEUE_SUMMARY_ENV,
+    RESULT_PATH_ENV,
+    SHAPER,
+    TRAINER,
+    worker_env,
+)
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
@@ -139,10 +147,10 @@ def _shaper(job: Job, image: str) -> dict:
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE) -> dict:
     net = job.network
     shaped = bool(net.get("profile"))
-    extra = {"NETSENSE_RESULT_PATH": "/dev/termination-log",
+    extra = {RESULT_PATH_ENV: "/dev/termination-log",
              "HOME": "/tmp"}  # a non-root user's caches (torch, the native kernels) need somewhere to go
     if shaped:
-        extra.update({"NETSENSE_PROFILE_START_FILE": START_FILE, "NETSENSE_QUEUE_SUMMARY": QUEUE_SUMMARY})
+        extra.update({PROFILE_START_ENV: START_FILE, QUEUE_SUMMARY_ENV: QUEUE_SUMMARY})
     env = worker_env(job, rank, f"{service_name(job.name)}.{namespace}.svc", f"{JOB_DIR}/job.json",
                      net["interface"] if shaped else None, extra)
     trainer = {

@@ -50,6 +50,12 @@ def trainer_terminated(pod: dict) -> dict | None:
     return None
 
 
+def finished_at(pod: dict) -> float | None:
+    """When the pod's trainer ended (unix time; None if unknown)."""
+    when = (trainer_terminated(pod) or {}).get("finishedAt")
+    return parse_iso(when) if when else None
+
+
 def failure_reason(pod: dict) -> str:
     """Why a pod failed, in one line: the trainer's own message first."""
     term = trainer_terminated(pod) or {}

@@ -98,7 +98,9 @@ def _junit_counts(xml: str) -> list[str]:
 # ---- 2 ----------------------------------------------------------------------------
 
 def job_doc(name: str, profile: dict, device: str, steps: int) -> dict:
-    return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": name},
+    from netsense.spec import API_VERSION, KIND
+
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name},
             "spec": {"workers": 2,
                      "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 1024, "batchSize": 32,
                                   "maxSteps": steps, "evalEvery": 20, "backend": "gloo", "device": device,
@@ -216,9 +218,7 @@ def nccl_smoke(ctx: Ctx) -> Step:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = ctx.out / "smoke.json"
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from check import smoke; "
-            f"json.dump(smoke({backend!r}, {device!r}), open({str(result)!r}, 'w'), indent=1)")
-    rc = run([PY, "-c", code], ctx.out / "smoke.log", 180,
+    rc = run([PY, __file__, "--smoke", backend, device, str(result)], ctx.out / "smoke.log", 180,
              env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     if rc != 0 or not result.exists():
         return Step("nccl-smoke", "failed", f"exited {rc} (smoke.log)")
@@ -282,7 +282,12 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="results folder (default runs/gpu-check-<time>)")
     ap.add_argument("--only", default=None, help="comma-separated steps to run (cuda-tests, shared-gpu-job, "
                                                  "nccl-smoke, selection)")
+    ap.add_argument("--smoke", nargs=3, metavar=("BACKEND", "DEVICE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.smoke:  # the nccl-smoke step's child: a process group of its own
+        backend, device, path = args.smoke
+        Path(path).write_text(json.dumps(smoke(backend, device), indent=1))
+        return 0
     import torch
 
     out = Path(args.out or REPO / "runs" / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}")

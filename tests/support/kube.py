@@ -126,7 +126,7 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5",
                "NETSENSE_METRICS_PORT": str(self.metrics_port)}
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "netsense", "operator", *self.args], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "netsense_operator", *self.args], env=env,
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self

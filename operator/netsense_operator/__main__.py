@@ -1,0 +1,5 @@
+import sys
+
+from netsense_operator.main import main
+
+sys.exit(main())
