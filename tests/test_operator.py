@@ -444,7 +444,7 @@ def test_keep_failed_pods_leaves_the_last_gang_for_inspection(kube, ns, operator
     ("invalid", {"profile": {"type": "steps", "steps": [{"at": "5s", "rate": "1Gbit"}]}},
      "spec.network.profile.steps[0].at"),
     ("shared", {"topology": "shared", "profile": {"type": "static", "rate": "50Mbit"}, "crossTraffic": [{"type": "bulk"}]},
-     "spec.network.topology: shared is the local testbed's"),  # valid locally; a cluster's network is real
+     "spec.network.topology: shared is the emulated cluster's switch"),  # valid locally; a cluster's network is real
 ])
 def test_a_spec_the_schema_accepts_but_the_cluster_cannot_run_fails_without_pods(kube, ns, operator, name, network,
                                                                                    message):

@@ -477,7 +477,7 @@ def check_cluster(job: Job) -> None:
         issues.append(Issue("spec.network.profile.file", "trace files cannot be read in a cluster; inline them as "
                                                          "points"))
     if net["topology"] == "shared":
-        issues.append(Issue("spec.network.topology", "shared is the emulated cluster's emulated switch; on a cluster "
+        issues.append(Issue("spec.network.topology", "shared is the emulated cluster's switch; on a cluster "
                                                      "the nodes' own network is the shared link (use per-host)"))
     if issues:
         raise SpecError(issues)
