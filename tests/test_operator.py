@@ -267,6 +267,15 @@ def test_the_job_tells_its_story_in_events_and_conditions(kube, ns, operator):
              what="a Completed event")
 
 
+def test_an_old_method_name_runs_and_says_so_on_the_job(kube, ns, operator):
+    kube.create_job(ns, "old-name", quick_spec(compression={"method": "overlap"}))
+    wait_for(lambda: len(kube.pods(ns, "old-name")) == 2, what="pods")
+    assert kube.status(ns, "old-name")["appliedSpec"]["compression"]["method"] == "tta"
+    warned = wait_for(lambda: [e for e in events_of(kube, ns, "old-name") if e.reason == "DeprecatedSpec"],
+                      what="a DeprecatedSpec event")
+    assert warned[0].type == "Warning" and "'tta'" in warned[0].message
+
+
 def condition_of(kube, ns: str, name: str, kind: str) -> dict:
     return next((c for c in kube.status(ns, name).get("conditions", []) if c["type"] == kind), {})
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+import warnings
 
 import kopf
 from kubernetes import client
@@ -209,12 +210,17 @@ def start(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
 def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, body: kopf.Body,
            logger: logging.Logger, **_) -> None:
     try:
-        job = parse_spec(copy.deepcopy(dict(spec)), name)
+        with warnings.catch_warnings(record=True) as deprecated:
+            warnings.simplefilter("always", FutureWarning)
+            job = parse_spec(copy.deepcopy(dict(spec)), name)
         check_cluster(job)
     except SpecError as e:
         _fail_early(patch, body, "InvalidSpec", str(e))
         logger.warning(f"invalid spec: {e}")
         return
+    for w in deprecated:  # on the job, where its owner looks, not only in the operator's log
+        if issubclass(w.category, FutureWarning):
+            kopf.event(body, type="Warning", reason="DeprecatedSpec", message=str(w.message))
     if job.spec["suspend"]:
         kopf.event(body, type="Normal", reason="Suspended", message="created suspended: no pods until resumed")
         patch.status.update(
