@@ -443,8 +443,10 @@ def _suspension(job: Job, namespace: str, pods: list[dict], spec: dict, status: 
         return True
     if not suspend:
         return False
-    _delete_pods(namespace, pods)
-    _delete_gang(job, namespace, attempt)  # created a moment ago, perhaps not yet seen by the watch
+    # Earlier attempts' leftovers as the watch shows them; the current gang by name, even pods created a moment
+    # ago that the watch has not shown yet (each pod deleted once).
+    _delete_pods(namespace, [p for p in pods if p["metadata"]["labels"].get(res.LABEL_ATTEMPT) != str(attempt)])
+    _delete_gang(job, namespace, attempt)
     kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
     patch.status.update(phase=st.SUSPENDED, profileEpoch=None,
                         workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},

@@ -78,21 +78,21 @@ def cuda_tests(ctx: Ctx) -> Step:
     rc = run([PY, "-m", "pytest", "-q", "-rs", "-m", "cuda", "tests/test_compression.py", f"--junitxml={xml}"],
              log, 300)
     text = xml.read_text() if xml.exists() else ""
-    counts = {k: int(v) for k, v in (part.split("=") for part in _junit_counts(text))}
-    step.data = counts
+    counts = step.data = _junit_counts(text)
     if rc != 0 or counts.get("skipped", 0) or not counts.get("tests"):
         step.status = "failed"
     step.detail = ", ".join(f"{k} {v}" for k, v in counts.items()) + f" (log: {log.name})"
     return step
 
 
-def _junit_counts(xml: str) -> list[str]:
+def _junit_counts(xml: str) -> dict[str, int]:
+    """tests, failures, errors, skipped of the junit report's test suite ({} without one)."""
     import re
 
     m = re.search(r"<testsuite [^>]*>", xml)
     if not m:
-        return []
-    return [f"{k}={v}" for k, v in re.findall(r'\b(tests|failures|errors|skipped)="(\d+)"', m.group(0))]
+        return {}
+    return {k: int(v) for k, v in re.findall(r'\b(tests|failures|errors|skipped)="(\d+)"', m.group(0))}
 
 
 # ---- 2 ----------------------------------------------------------------------------
