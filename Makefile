@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml |
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: help venv run test test-fast lint fmt envtest manifests kind-e2e gpu-check bench clean
+.PHONY: help venv run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench clean
 
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
@@ -18,6 +18,9 @@ help:
 	@echo "make envtest    build kube-apiserver, etcd and kwok into ~/.cache/netsense/envtest"
 	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
 	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
+	@echo "make node       build a real one-node cluster's parts and images (testbed/node; root)"
+	@echo "make node-up    run that node in the foreground (Ctrl-C tears it down); node-down sweeps leftovers"
+	@echo "make e2e        the operator end to end on that node: real pods, images, shaping, faults (root)"
 	@echo "make kind-e2e   kind cluster end to end (needs Docker and kind)"
 	@echo "make gpu-check  the GPU path on this machine's GPU (testbed/gpu/check.sh; dry on the CPU without one)"
 
@@ -52,6 +55,19 @@ manifests: venv
 
 bench: venv
 	$(BIN)/netsense bench testbed/grids/ci.yaml --out runs/bench-ci
+
+node: venv envtest
+	@bash testbed/envtest/build.sh --node >/dev/null
+	bash testbed/node/images.sh build
+
+node-up: node
+	cd tests && ../$(BIN)/python -m support.node up
+
+node-down: venv
+	cd tests && ../$(BIN)/python -m support.node down
+
+e2e: node
+	$(BIN)/pytest -q -ra -s -m e2e tests/e2e
 
 kind-e2e:
 	bash testbed/kind/e2e.sh

@@ -6,8 +6,10 @@ FROM ${BASE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iproute2 procps g++ \
  && rm -rf /var/lib/apt/lists/*
-# CPU wheels keep the image ~1 GB instead of several (PyPI's torch is the CUDA build).
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+# CPU wheels keep the image ~1 GB instead of several (PyPI's torch is the CUDA build);
+# where PyTorch's index is unreachable, TORCH_INDEX=https://pypi.org/simple works too.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url ${TORCH_INDEX} \
       torch==2.14.1 torchvision==0.29.1
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -18,7 +18,7 @@ from netsense.spec.job import DEFAULT_IMAGE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
-OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/kind", "manifests/overlays/gpu",
+OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/local", "manifests/overlays/gpu",
             "manifests/overlays/namespaced"]
 
 
@@ -102,7 +102,7 @@ def test_gpu_samples_build_pods_that_reach_their_data_and_their_gpu(sample):
 
 @pytest.mark.parametrize("overlay, operator, shaper", [
     ("manifests/base", "netsense/operator:{v}", "netsense/shaper:{v}"),
-    ("manifests/overlays/kind", "netsense/operator:dev", "netsense/shaper:dev"),
+    ("manifests/overlays/local", "netsense/operator:dev", "netsense/shaper:dev"),
     ("manifests/overlays/gpu", "registry.example.com/netsense/operator:{v}", "registry.example.com/netsense/shaper:{v}"),
 ])
 def test_overlays_set_the_operator_and_shaper_images(kubectl, overlay, operator, shaper):

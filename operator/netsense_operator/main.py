@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 
 STOP_S = 10
@@ -42,17 +43,23 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
 
     if elector:
         elector.keep(on_lost)
+    # An explicit identity: kopf's own guess asks the passwd database for our user, and an image's
+    # non-root UID (65532) has no entry there (KeyError, and kopf's thread is gone).
+    identity = elector.identity if elector else f"{socket.gethostname()}-{os.getpid()}"
     operator = threading.Thread(target=kopf.run, name="kopf", daemon=True, kwargs={
         "clusterwide": not namespaces, "namespaces": namespaces or (), "standalone": True,
-        "liveness_endpoint": liveness, "stop_flag": stop})
+        "liveness_endpoint": liveness, "stop_flag": stop, "identity": identity})
     operator.start()
     while operator.is_alive() and not stop.wait(1):
         pass
+    crashed = not stop.is_set()  # kopf ended by itself: an error, never a clean exit
+    if crashed:
+        logging.getLogger("netsense.operator").error("kopf stopped on its own (see above): exiting with 1")
     stop.set()
     if elector and not lost.is_set():
         elector.release()
     operator.join(STOP_S)
-    code = 1 if lost.is_set() else 0
+    code = 1 if lost.is_set() or crashed else 0
     if operator.is_alive():  # its executor threads would hold the interpreter's exit too
         logging.getLogger("netsense.operator").warning("kopf did not stop within %ss: exiting anyway", STOP_S)
         logging.shutdown()

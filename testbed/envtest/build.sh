@@ -4,6 +4,11 @@
 # kubectl to render kustomizations; from Go modules, CGO off, with version
 # ldflags. Prints the directory holding them.
 #
+# `build.sh --node` builds, in addition, what a real node needs (testbed/node):
+# kubelet, kube-scheduler, kube-controller-manager, kube-proxy (same module graph)
+# and CoreDNS; it prints the node binaries' directory (~/.cache/netsense/node/...),
+# whose kube-apiserver, etcd and kubectl are links to the envtest ones.
+#
 # Why wrapper modules: k8s.io/kubernetes's go.mod requires its staging modules
 # (k8s.io/api, k8s.io/apiserver, ...) at v0.0.0 and points them at ./staging with
 # replace lines, which only apply inside its own repository. `go install
@@ -19,8 +24,18 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+NODE_CMDS=(kubelet kube-scheduler kube-controller-manager kube-proxy)
 
-if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" \
+if [[ "${1:-}" == --node ]]; then
+  envtest_bin=$(bash "$0")
+  node_bin=${NETSENSE_CACHE:-$HOME/.cache/netsense}/node/k8s-${K8S_VERSION}_coredns-${COREDNS_VERSION}/bin
+  missing=0
+  for cmd in "${NODE_CMDS[@]}" coredns; do [[ -x $node_bin/$cmd ]] || missing=1; done
+  if ((missing == 0)); then echo "$node_bin"; exit 0; fi
+fi
+
+if [[ "${1:-}" != --node && -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" \
       && -x "$KUBEBUILDER_ASSETS/kubectl" ]]; then
   echo "$KUBEBUILDER_ASSETS"
   exit 0
@@ -28,7 +43,7 @@ fi
 
 cache=${NETSENSE_CACHE:-$HOME/.cache/netsense}/envtest/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}
 bin=$cache/bin
-if [[ -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd && -x $bin/kwok ]]; then
+if [[ "${1:-}" != --node && -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd && -x $bin/kwok ]]; then
   echo "$bin"
   exit 0
 fi
@@ -40,8 +55,10 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 start=$SECONDS
 log() { echo "envtest: $* ($((SECONDS - start))s)" >&2; }
 
-build_kube_apiserver() {
-  local dir=$work/kube minor=${K8S_VERSION#v1.}
+# build_kube <bin dir> <cmd>...: commands of k8s.io/kubernetes (cmd/<name>).
+build_kube() {
+  local out=$1 dir=$work/kube minor=${K8S_VERSION#v1.}
+  shift
   minor=${minor%%.*}
   local staging=v0.${K8S_VERSION#v1.}
   mkdir -p "$dir" && cd "$dir"
@@ -53,11 +70,10 @@ build_kube_apiserver() {
   grep -oE '^\s*k8s\.io/[a-z0-9-]+ v0\.0\.0$' "$gomod" | awk '{print $1}' | sort -u |
     while read -r m; do go mod edit -replace="$m=$m@$staging"; done
   local pkg=k8s.io/component-base/version cmd
-  # kubectl comes from the same module graph: the tests render kustomizations with it.
-  for cmd in kube-apiserver kubectl; do
-    [[ -x $bin/$cmd ]] && continue
+  for cmd in "$@"; do
+    [[ -x $out/$cmd ]] && continue
     log "building $cmd $K8S_VERSION"
-    go build -trimpath -o "$bin/$cmd" -ldflags "-s -w \
+    go build -trimpath -o "$out/$cmd" -ldflags "-s -w \
       -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
       -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z" \
       "k8s.io/kubernetes/cmd/$cmd"
@@ -83,8 +99,27 @@ build_kwok() {
     -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 }
 
+build_coredns() {
+  local dir=$work/coredns
+  mkdir -p "$dir" && cd "$dir"
+  go mod init netsense.dev/node/coredns >/dev/null 2>&1
+  go mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION"
+  log "building coredns $COREDNS_VERSION"
+  go build -trimpath -o "$1/coredns" -ldflags "-s -w" github.com/coredns/coredns
+}
+
+if [[ "${1:-}" == --node ]]; then
+  mkdir -p "$node_bin"
+  build_kube "$node_bin" "${NODE_CMDS[@]}"
+  [[ -x $node_bin/coredns ]] || build_coredns "$node_bin"
+  for cmd in kube-apiserver etcd kubectl; do ln -sf "$envtest_bin/$cmd" "$node_bin/$cmd"; done
+  log "done: $node_bin"
+  echo "$node_bin"
+  exit 0
+fi
 [[ -x $bin/etcd ]] || build_etcd
-[[ -x $bin/kube-apiserver && -x $bin/kubectl ]] || build_kube_apiserver
+# kubectl comes from the same module graph: the tests render kustomizations with it.
+[[ -x $bin/kube-apiserver && -x $bin/kubectl ]] || build_kube "$bin" kube-apiserver kubectl
 [[ -x $bin/kwok ]] || build_kwok
 log "done: $bin"
 echo "$bin"

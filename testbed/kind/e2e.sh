@@ -31,13 +31,13 @@ docker build -f images/shaper.Dockerfile -t netsense/shaper:dev .
 kind load docker-image netsense/worker:dev netsense/operator:dev netsense/shaper:dev --name "$CLUSTER"
 
 echo "--- deploying the operator"
-kubectl apply -k manifests/overlays/kind
+kubectl apply -k manifests/overlays/local
 kubectl wait --for=condition=Established crd/netsensejobs.netsense.dev --timeout=60s
 kubectl -n netsense-system rollout status deploy/netsense-operator --timeout=180s
 
 echo "--- running the quick sample"
-kubectl delete -f manifests/samples/quick-kind.yaml --ignore-not-found --wait
-kubectl apply -f manifests/samples/quick-kind.yaml
+kubectl delete -f manifests/samples/quick-local.yaml --ignore-not-found --wait
+kubectl apply -f manifests/samples/quick-local.yaml
 kubectl wait nsj/quick-digits --for=jsonpath='{.status.phase}'=Succeeded --timeout="$TIMEOUT"
 kubectl get nsj quick-digits
 kubectl get nsj quick-digits -o jsonpath='{.status.result}'; echo

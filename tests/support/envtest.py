@@ -37,6 +37,7 @@ def _die_with_parent() -> None:
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_SCRIPT = os.path.join(REPO, "testbed", "envtest", "build.sh")
+SERVICE_CIDR = "10.96.0.0/24"
 
 
 class EnvtestError(RuntimeError):
@@ -68,7 +69,7 @@ def _openssl(*args: str, cwd: str) -> None:
         raise EnvtestError(f"openssl {' '.join(args)}: {proc.stderr.strip()}")
 
 
-def _make_certs(d: str) -> None:
+def _make_certs(d: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> None:
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
              "-subj", "/CN=netsense-envtest-ca", cwd=d)
@@ -83,24 +84,31 @@ def _make_certs(d: str) -> None:
             args += ["-extfile", f"{name}.ext"]
         _openssl(*args, cwd=d)
 
-    leaf("server", "/CN=kube-apiserver", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    leaf("server", "/CN=kube-apiserver", f"subjectAltName={sans}\n")
     leaf("admin", "/O=system:masters/CN=netsense-envtest-admin")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
 class ControlPlane:
-    def __init__(self, bin_dir: str | None = None, log_dir: str | None = None):
+    """etcd + kube-apiserver. With ``address`` and ``for_node`` (support.node), the API server serves a real
+    node: it listens where pods reach it, its certificate names the ``kubernetes`` Service, and service
+    accounts are admitted (a controller-manager creates them)."""
+
+    def __init__(self, bin_dir: str | None = None, log_dir: str | None = None, address: str = "127.0.0.1",
+                 for_node: bool = False, port: int = 0):
         self.bin_dir = bin_dir
         self.dir = tempfile.mkdtemp(prefix="netsense-envtest-")
         self.log_dir = log_dir or self.dir
         self.procs: list[subprocess.Popen] = []
-        self.port = 0
+        self.address = address
+        self.for_node = for_node
+        self.port = port
         self.kubeconfig = os.path.join(self.dir, "kubeconfig")
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     def __enter__(self) -> ControlPlane:
         try:
@@ -126,7 +134,12 @@ class ControlPlane:
     def start(self, timeout: float = 60) -> None:
         bins = self.bin_dir or binaries_dir()
         d = self.dir
-        _make_certs(d)
+        if self.for_node:  # in-cluster clients reach it as the kubernetes Service (first service IP)
+            _make_certs(d, f"IP:127.0.0.1,IP:{self.address},IP:{SERVICE_CIDR.rsplit('.', 1)[0]}.1,DNS:localhost,"
+                           "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+                           "DNS:kubernetes.default.svc.cluster.local")
+        else:
+            _make_certs(d)
         etcd_port, peer_port = _free_port(), _free_port()
         self._spawn("etcd", [
             os.path.join(bins, "etcd"), "--data-dir", os.path.join(d, "etcd"),
@@ -136,21 +149,25 @@ class ControlPlane:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn"])
-        self.port = _free_port()
+        self.port = self.port or _free_port()
+        if self.for_node:
+            # A controller-manager creates service accounts; the kubelet is reached at its InternalIP
+            # (its hostname is not in any DNS the API server uses).
+            node_args = ["--kubelet-preferred-address-types=InternalIP"]
+        else:
+            # No controller-manager creates the default ServiceAccount, so that admission plugin would
+            # reject every pod (envtest disables it too); the kubernetes Service's endpoint may not be
+            # a loopback address.
+            node_args = ["--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none"]
         self._spawn("kube-apiserver", [
             os.path.join(bins, "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            f"--secure-port={self.port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}", f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--cert-dir={d}", f"--tls-cert-file={d}/server.crt", f"--tls-private-key-file={d}/server.key",
             f"--client-ca-file={d}/ca.crt", "--authorization-mode=RBAC",
-            f"--service-account-issuer=https://127.0.0.1:{self.port}",
+            f"--service-account-issuer={self.server}",
             f"--service-account-key-file={d}/sa.pub", f"--service-account-signing-key-file={d}/sa.key",
-            "--service-cluster-ip-range=10.96.0.0/24", "--allow-privileged=true",
-            # No controller-manager creates the default ServiceAccount, so that admission
-            # plugin would reject every pod (envtest disables it too).
-            "--disable-admission-plugins=ServiceAccount",
-            # The kubernetes Service's endpoint may not be a loopback address.
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true", *node_args,
             "--enable-priority-and-fairness=false", "--v=0"])
         self._write_kubeconfig(self.kubeconfig, {"client-certificate": f"{d}/admin.crt",
                                                  "client-key": f"{d}/admin.key"})
@@ -195,7 +212,7 @@ class ControlPlane:
 
         api = client.CoreV1Api(config.new_client_from_config(self.kubeconfig))
         req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
-            audiences=[f"https://127.0.0.1:{self.port}"], expiration_seconds=3600))
+            audiences=[self.server], expiration_seconds=3600))
         token = api.create_namespaced_service_account_token(service_account, namespace, req).status.token
         path = path or os.path.join(self.dir, f"kubeconfig-{namespace}-{service_account}")
         self._write_kubeconfig(path, {"token": token})
