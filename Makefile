@@ -56,9 +56,10 @@ manifests: venv
 bench: venv
 	$(BIN)/netsense bench testbed/grids/ci.yaml --out runs/bench-ci
 
-node: venv envtest
-	@bash testbed/envtest/build.sh --node >/dev/null
-	bash testbed/node/images.sh build
+# The Go builds (CPU) and the image builds (mostly network and disk) run side by side.
+node: venv
+	@bash testbed/envtest/build.sh --node >/dev/null & go=$$!; \
+	bash testbed/node/images.sh build; images=$$?; wait $$go && exit $$images
 
 node-up: node
 	cd tests && ../$(BIN)/python -m support.node up

@@ -614,3 +614,23 @@ def test_the_standalone_control_plane_stops_on_sigterm_and_on_ctrl_c_even_when_s
     proc.send_signal(signal.SIGINT if ignore_int else signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert not running() and not os.path.exists(workdir)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_kopf_dying_on_its_own_ends_the_operator_with_an_error_and_it_is_given_an_identity(monkeypatch):
+    """kopf guesses its identity from the passwd entry of our UID, which the operator image's UID 65532
+    lacks: it must be given one. And a kopf that stops unasked (that KeyError, say) must end the process
+    with 1, so that the kubelet restarts it, not 0 with the lease handed back as after a clean stop."""
+    import kopf
+    from netsense_operator.main import run_operator
+
+    seen = {}
+
+    def dying_kopf(**kwargs):
+        seen.update(kwargs)
+        raise KeyError("getpwuid(): uid not found: 65532")
+
+    monkeypatch.setenv("NETSENSE_LEADER_ELECTION", "false")
+    monkeypatch.setattr(kopf, "run", dying_kopf)
+    assert run_operator() == 1
+    assert seen["identity"]
