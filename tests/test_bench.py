@@ -160,3 +160,22 @@ def test_cluster_bench_submits_jobs_and_reads_results_from_status(kube, operator
     table = json.loads((out / "table.json").read_text())
     by = {r["method"]: r for r in table}
     assert by["topk-0.1"]["tta_mean_s"] == 3.0 and by["allreduce"]["regret"] == pytest.approx(2.0)
+
+
+def test_each_method_is_compared_with_the_best_other_on_the_same_seeds_with_an_interval():
+    # a is faster than b on every seed by 10-20%; c is the fastest on half the seeds and twice as slow on
+    # the others: no lead either way.
+    a = [10, 11, 12, 10, 9, 10]
+    b = [12, 13, 14, 11.5, 10.5, 12]
+    c = [20, 5, 8, 20, 5, 20]
+    results = [_r(m, "s", seed, t) for m, ts in (("a", a), ("b", b), ("c", c)) for seed, t in enumerate(ts)]
+    by = {r["method"]: r for r in summarize(results)}
+    assert by["a"]["vs"] == "b" and by["b"]["vs"] == "a" and by["c"]["vs"] == "a"
+    ratios = [x / y for x, y in zip(a, b)]
+    assert by["a"]["paired_ratio"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
+    assert by["a"]["ratio_lo"] <= by["a"]["paired_ratio"] <= by["a"]["ratio_hi"] < 1  # a leads: the CI excludes 1
+    assert by["b"]["ratio_lo"] > 1 and by["a"]["pairs"] == 6
+    assert by["c"]["ratio_lo"] < 1 < by["c"]["ratio_hi"]
+    assert by["a"]["wins"] == by["c"]["wins"] == 0.5 and by["b"]["wins"] == 0
+    # the same results give the same interval (a fixed generator: tables are reproducible)
+    assert summarize(results)[0]["ratio_hi"] == summarize(results)[0]["ratio_hi"]

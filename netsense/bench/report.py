@@ -14,6 +14,14 @@ def fmt(v, digits=2) -> str:
     return str(v)
 
 
+def paired(row: dict) -> str:
+    """'0.91 [0.85, 0.97] vs topk-0.01 (n=10)', or '-' without common seeds."""
+    if row.get("paired_ratio") is None:
+        return "-"
+    return (f"{row['paired_ratio']:.2f} [{row['ratio_lo']:.2f}, {row['ratio_hi']:.2f}] vs {row['vs']} "
+            f"(n={row['pairs']})")
+
+
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
              ceilings: list[float] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
@@ -21,7 +29,10 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              f"Target accuracy {t.get('targetAccuracy')} for every method; budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
-             "within the budget). Regret = TTA / best TTA in the scenario. Steps = training steps to the "
+             "within the budget). Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
+             "common seeds of TTA / the best other method's TTA (named), with its bootstrap 95% interval: a "
+             "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
+             "fastest of all. Steps = training steps to the "
              "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
              "worst shaped link (time-weighted, so the dense warm-up step weighs in), step queue = the median "
              "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
@@ -33,14 +44,14 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                   "one worker alone, times the number of workers.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
-                  "| method | TTA s | ± | regret | reached | steps | samples/s | x ceiling | best acc | final acc "
+                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | steps | samples/s | x ceiling | best acc | final acc "
                   "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
-                  "| --- | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
                   "| ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
-                             f"{fmt(r['regret'])} | {r['reached']} | {fmt(r.get('steps_to_target'), 0)} | "
+                             f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {fmt(r.get('steps_to_target'), 0)} | "
                              f"{fmt(r['samples_per_s'], 0)} | "
                              f"{fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
                              f"{fmt(r['best_accuracy'], 3)} | {fmt(r['final_accuracy'], 3)} | "

@@ -1,11 +1,13 @@
-"""Results -> one row per method and scenario: means and spreads over seeds, regret, and what the method
-did to the bottleneck (queueing delay, drops, the cross traffic's goodput)."""
+"""Results -> one row per method and scenario: means and spreads over seeds, regret, the paired comparison
+with the best other method (same seeds, bootstrap interval, wins), and what the method did to the
+bottleneck (queueing delay, drops, the cross traffic's goodput)."""
 
 from __future__ import annotations
 
 import csv
 import math
 import os
+import random
 import statistics
 
 
@@ -90,4 +92,53 @@ def summarize(results: list[dict]) -> list[dict]:
         best = min((r["tta_mean_s"] for r in in_scenario if r["tta_mean_s"] is not None), default=None)
         for r in in_scenario:
             r["regret"] = (r["tta_mean_s"] / best) if best and r["tta_mean_s"] is not None else math.inf
+    paired_against_best_other(results, out)
     return sorted(out, key=lambda r: (r["scenario"], r["regret"]))
+
+
+BOOTSTRAP_RESAMPLES = 4000
+
+
+def _gmean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def bootstrap_interval(ratios: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean of paired ratios (seeds resampled with
+    replacement; a fixed generator, so a table is reproducible from its results)."""
+    rng = random.Random(seed)
+    n = len(ratios)
+    means = sorted(_gmean([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return means[int(tail * (resamples - 1))], means[int((1 - tail) * (resamples - 1))]
+
+
+def paired_against_best_other(results: list[dict], rows: list[dict]) -> None:
+    """Add to each row its paired comparison with the best other method of its scenario (the lowest mean
+    TTA among the rest): the geometric mean over common seeds of TTA / the other's TTA, its bootstrap 95%
+    interval, and the fraction of the scenario's seeds on which the method was the fastest of all.
+    A method leads only where the whole interval is below 1."""
+    tta: dict[tuple[str, str], dict[int, float]] = {}
+    for r in results:
+        if r.get("status") == "Succeeded" and r.get("time_to_accuracy_s") is not None:
+            tta.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = r["time_to_accuracy_s"]
+    for scenario in {r["scenario"] for r in rows}:
+        in_scenario = [r for r in rows if r["scenario"] == scenario]
+        seeds = {r.get("seed", 0) for r in results if r["scenario"] == scenario}
+        fastest = {s: min(((t[s], m) for (sc, m), t in tta.items() if sc == scenario and s in t), default=None)
+                   for s in seeds}
+        for row in in_scenario:
+            row.update(vs=None, paired_ratio=None, ratio_lo=None, ratio_hi=None, pairs=0,
+                       wins=sum(1 for f in fastest.values() if f and f[1] == row["method"]) / max(1, len(seeds)))
+            others = [r for r in in_scenario if r is not row and r["tta_mean_s"] is not None]
+            mine = tta.get((scenario, row["method"]), {})
+            if not others or not mine:
+                continue
+            other = min(others, key=lambda r: r["tta_mean_s"])
+            theirs = tta.get((scenario, other["method"]), {})
+            ratios = [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys()) if mine[s] > 0 < theirs[s]]
+            if not ratios:
+                continue
+            lo, hi = bootstrap_interval(ratios)
+            row.update(vs=other["method"], paired_ratio=_gmean(ratios), ratio_lo=lo, ratio_hi=hi, pairs=len(ratios))

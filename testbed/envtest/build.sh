@@ -55,15 +55,20 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 start=$SECONDS
 log() { echo "envtest: $* ($((SECONDS - start))s)" >&2; }
 
+# wrapper <name> <module@version>: a throw-away module that requires it; the shell is left inside.
+wrapper() {
+  mkdir -p "$work/$1" && cd "$work/$1"
+  go mod init "netsense.dev/envtest/$1" >/dev/null 2>&1
+  go mod edit -require="$2"
+}
+
 # build_kube <bin dir> <cmd>...: commands of k8s.io/kubernetes (cmd/<name>).
 build_kube() {
-  local out=$1 dir=$work/kube minor=${K8S_VERSION#v1.}
+  local out=$1 minor=${K8S_VERSION#v1.}
   shift
   minor=${minor%%.*}
   local staging=v0.${K8S_VERSION#v1.}
-  mkdir -p "$dir" && cd "$dir"
-  go mod init netsense.dev/envtest/kube >/dev/null 2>&1
-  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  wrapper kube "k8s.io/kubernetes@$K8S_VERSION"
   local gomod
   gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   # Every staging module is required at v0.0.0 upstream: map each to its release.
@@ -81,29 +86,20 @@ build_kube() {
 }
 
 build_etcd() {
-  local dir=$work/etcd
-  mkdir -p "$dir" && cd "$dir"
-  go mod init netsense.dev/envtest/etcd >/dev/null 2>&1
-  go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  wrapper etcd "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   log "building etcd $ETCD_VERSION"
   go build -trimpath -o "$bin/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3
 }
 
 build_kwok() {
-  local dir=$work/kwok
-  mkdir -p "$dir" && cd "$dir"
-  go mod init netsense.dev/envtest/kwok >/dev/null 2>&1
-  go mod edit -require="sigs.k8s.io/kwok@$KWOK_VERSION"
+  wrapper kwok "sigs.k8s.io/kwok@$KWOK_VERSION"
   log "building kwok $KWOK_VERSION"
   go build -trimpath -o "$bin/kwok" -ldflags "-s -w \
     -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 }
 
 build_coredns() {
-  local dir=$work/coredns
-  mkdir -p "$dir" && cd "$dir"
-  go mod init netsense.dev/node/coredns >/dev/null 2>&1
-  go mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION"
+  wrapper coredns "github.com/coredns/coredns@$COREDNS_VERSION"
   log "building coredns $COREDNS_VERSION"
   go build -trimpath -o "$1/coredns" -ldflags "-s -w" github.com/coredns/coredns
 }

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import yaml
+from support.kube import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -59,13 +60,7 @@ def _job(kubectl, name: str) -> dict:
 
 
 def _wait(what: str, predicate, timeout: float, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return wait_for(predicate, timeout, every, what)
 
 
 def _job_pods(kubectl, name: str) -> list[dict]:

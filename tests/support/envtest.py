@@ -90,7 +90,60 @@ def _make_certs(d: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
-class ControlPlane:
+class Supervised:
+    """Local processes started and stopped together. Each logs to ``<log_dir>/<name>.log``, runs in a session
+    of its own (a terminal's Ctrl-C is ours to handle) and dies with us however we die: a SIGTERM or SIGKILL
+    of the test run (a CI timeout) once left etcd and kube-apiserver running, orphaned."""
+
+    log_dir: str
+    procs: list[subprocess.Popen]
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with open(os.path.join(self.log_dir, f"{name}.log"), "w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def _terminate(p: subprocess.Popen, grace_s: float = 15) -> None:
+        """SIGTERM, and SIGKILL if it has not gone within ``grace_s``."""
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def _check_running(self, waiting_for: str) -> None:
+        """Raise, with the end of its log, if one of our processes has exited."""
+        for p in self.procs:
+            if p.poll() is not None:
+                name = os.path.basename(p.args[0])
+                with open(os.path.join(self.log_dir, f"{name}.log")) as fh:
+                    tail = "".join(fh.readlines()[-8:])
+                raise EnvtestError(f"{name} exited with {p.returncode} while waiting for {waiting_for}:\n{tail}")
+
+
+class ControlPlane(Supervised):
     """etcd + kube-apiserver. With ``address`` and ``for_node`` (support.node), the API server serves a real
     node: it listens where pods reach it, its certificate names the ``kubernetes`` Service, and service
     accounts are admitted (a controller-manager creates them)."""
@@ -109,27 +162,6 @@ class ControlPlane:
     @property
     def server(self) -> str:
         return f"https://{self.address}:{self.port}"
-
-    def __enter__(self) -> ControlPlane:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
-        # Their own session (a terminal's Ctrl-C is ours to handle), and death with us however we die: a
-        # SIGTERM or SIGKILL of the test run (a CI timeout) left etcd and kube-apiserver running, orphaned.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-        log.close()
-        self.procs.append(proc)
-        return proc
 
     def start(self, timeout: float = 60) -> None:
         bins = self.bin_dir or binaries_dir()
@@ -191,12 +223,7 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            for p in self.procs:
-                if p.poll() is not None:
-                    name = os.path.basename(p.args[0])
-                    with open(os.path.join(self.log_dir, f"{name}.log")) as fh:
-                        tail = "".join(fh.readlines()[-5:])
-                    raise EnvtestError(f"{name} exited with {p.returncode}:\n{tail}")
+            self._check_running("kube-apiserver to be ready")
             try:
                 with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as r:
                     if r.status == 200:
@@ -220,13 +247,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            self._terminate(p)
         self.procs.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -41,7 +41,7 @@ from support.envtest import (
     SERVICE_CIDR,
     ControlPlane,
     EnvtestError,
-    _die_with_parent,
+    Supervised,
     _stop_on,
 )
 
@@ -150,31 +150,13 @@ def _corefile(kubeconfig: str) -> str:
 """
 
 
-class LocalNode:
+class LocalNode(Supervised):
     def __init__(self, log_dir: str | None = None, load_images: bool = True):
         self.log_dir = log_dir or os.path.join(CACHE, "logs")  # kept after `down`, for a failed run
         self.load_images = load_images
         self.cp: ControlPlane | None = None
         self.procs: list[subprocess.Popen] = []
         self.kubeconfig = KUBECONFIG
-
-    def __enter__(self) -> LocalNode:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(os.path.join(self.log_dir, f"{name}.log"), "w") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
-        self.procs.append(proc)
-        return proc
 
     def _write(self, name: str, text: str) -> str:
         path = os.path.join(STATE, name)
@@ -228,12 +210,7 @@ class LocalNode:
     def _wait(self, ready, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for p in self.procs:
-                if p.poll() is not None:
-                    name = os.path.basename(p.args[0])
-                    with open(os.path.join(self.log_dir, f"{name}.log")) as fh:
-                        tail = "".join(fh.readlines()[-8:])
-                    raise NodeError(f"{name} exited with {p.returncode} while waiting for {what}:\n{tail}")
+            self._check_running(what)
             if ready():
                 return
             time.sleep(0.5)
@@ -272,16 +249,6 @@ class LocalNode:
         if self.cp is not None:
             self.cp.stop()
         down()
-
-    @staticmethod
-    def _terminate(p: subprocess.Popen) -> None:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
     def _wait_no_sandboxes(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
