@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from netsense.bench import load_grid, run_bench, summarize
+from netsense.bench.stats import steps_to_target
 from netsense.spec import SpecError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,7 +172,7 @@ def test_each_method_is_compared_with_the_best_other_on_the_same_seeds_with_an_i
     results = [_r(m, "s", seed, t) for m, ts in (("a", a), ("b", b), ("c", c)) for seed, t in enumerate(ts)]
     by = {r["method"]: r for r in summarize(results)}
     assert by["a"]["vs"] == "b" and by["b"]["vs"] == "a" and by["c"]["vs"] == "a"
-    ratios = [x / y for x, y in zip(a, b)]
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
     assert by["a"]["paired_ratio"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)))
     assert by["a"]["ratio_lo"] <= by["a"]["paired_ratio"] <= by["a"]["ratio_hi"] < 1  # a leads: the CI excludes 1
     assert by["b"]["ratio_lo"] > 1 and by["a"]["pairs"] == 6
@@ -179,3 +180,11 @@ def test_each_method_is_compared_with_the_best_other_on_the_same_seeds_with_an_i
     assert by["a"]["wins"] == by["c"]["wins"] == 0.5 and by["b"]["wins"] == 0
     # the same results give the same interval (a fixed generator: tables are reproducible)
     assert summarize(results)[0]["ratio_hi"] == summarize(results)[0]["ratio_hi"]
+
+
+def test_steps_to_target_is_the_first_of_target_hold_evaluations_in_a_row():
+    curve = [[10, 1.0, 0.91], [20, 2.0, 0.85], [30, 3.0, 0.92], [40, 4.0, 0.93], [50, 5.0, 0.95]]
+    result = {"target_accuracy": 0.9, "accuracy_curve": curve}
+    assert steps_to_target({**result, "target_hold": 3}) == 30  # the lucky first crossing does not count
+    assert steps_to_target({**result, "target_hold": 4}) is None  # right-censored: never held 4 in a row
+    assert steps_to_target(result) == 10  # results from before the rule: the first crossing

@@ -85,6 +85,11 @@ def test_quick_sample_runs_and_writes_results(tmp_path):
     assert result["status"] == "Succeeded" and result["workers"] == 2
     assert result["best_accuracy"] >= 0.85  # real digits, real learning
     assert result["link_mean_rate_mbit"] == pytest.approx(50.0)
+    # The target counts once held for target_hold evaluations in a row; TTA is the first of them.
+    curve, hold, target = result["accuracy_curve"], result["target_hold"], result["target_accuracy"]
+    assert hold == 3
+    held = [i for i in range(len(curve) - hold + 1) if all(a >= target for _, _, a in curve[i:i + hold])]
+    assert result["time_to_accuracy_s"] == (curve[held[0]][1] if held else None)
     header = (out / "timeline.csv").read_text().splitlines()[0].split(",")
     for col in ("time", "step", "loss", "density", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit"):
         assert col in header

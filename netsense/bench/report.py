@@ -26,7 +26,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              ceilings: list[float] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
     lines = [f"# Benchmark: {name}", "",
-             f"Target accuracy {t.get('targetAccuracy')} for every method; budget "
+             f"Target accuracy {t.get('targetAccuracy')} for every method, reached when held "
+             f"{t.get('targetHold', 3)} evaluations in a row (TTA: the first of them); budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
              "within the budget). Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "

@@ -20,11 +20,17 @@ def _spread(values: list[float]) -> float | None:
 
 
 def steps_to_target(result: dict) -> int | None:
-    """The first evaluated step at the target accuracy: accuracy per step, apart from speed."""
-    target = result.get("target_accuracy")
+    """The step at which the target was reached (the first of ``target_hold`` evaluations in a row at or
+    above it, as the trainer counts; results from before that rule: the first crossing): accuracy per
+    step, apart from speed."""
+    target, hold = result.get("target_accuracy"), result.get("target_hold", 1)
+    if target is None:
+        return None
+    run: list[int] = []
     for step, _, accuracy in result.get("accuracy_curve") or []:
-        if target is not None and accuracy >= target:
-            return step
+        run = run + [step] if accuracy >= target else []
+        if len(run) >= hold:
+            return run[0]
     return None
 
 

@@ -154,7 +154,10 @@ TRAINING = Obj({
     "weightDecay": F(Float(min=0), default=5e-4),
     "seed": F(Int(min=0), default=0),
     "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True)),
-    "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached"), default=True),
+    "targetHold": F(Int(min=1, doc="evaluations in a row at or above targetAccuracy before the target counts as "
+                        "reached; the time to accuracy is the first of them (a single lucky evaluation is not "
+                        "a result)"), default=3),
+    "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached (held targetHold evaluations)"), default=True),
     "evalEvery": F(Int(min=1, doc="evaluate every N steps (default: every epoch)")),
     "evalSamples": F(Int(min=1), default=2000),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),

@@ -73,6 +73,9 @@ class RunState:
     best_accuracy: float | None = None
     final_accuracy: float | None = None
     tta: float | None = None
+    # the current run of evaluations at or above the target: its first (step, time), and its length
+    held_since: tuple[int, float] | None = None
+    held: int = 0
     last_loss: float = float("nan")
     eval_seconds: float = 0.0  # off the training clock: evaluation and the stop agreement
     accuracies: list[tuple[int, float, float]] = field(default_factory=list)  # step, time, acc
@@ -181,8 +184,14 @@ class Trainer:
         s.best_accuracy = acc if s.best_accuracy is None else max(s.best_accuracy, acc)
         s.accuracies.append((s.step, s.train_time, acc))
         target = self.t.get("targetAccuracy")
-        if target and acc >= target and s.tta is None:
-            s.tta = s.train_time
+        if target and s.tta is None:
+            if acc >= target:
+                s.held_since = s.held_since or (s.step, s.train_time)
+                s.held += 1
+                if s.held >= self.t["targetHold"]:
+                    s.tta = s.held_since[1]
+            else:
+                s.held_since, s.held = None, 0
         if self.timeline.rows:
             self.timeline.rows[-1]["accuracy"] = acc
         emit("eval", step=s.step, epoch=s.epoch, accuracy=acc, time=round(s.train_time, 3),
@@ -308,6 +317,7 @@ class Trainer:
             "best_accuracy": s.best_accuracy,
             "final_accuracy": s.final_accuracy,
             "target_accuracy": self.t.get("targetAccuracy"),
+            "target_hold": self.t["targetHold"],
             "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
             "final_loss": round(s.last_loss, 5),
             "mean_density": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
