@@ -264,6 +264,29 @@ def _pids(pattern: str) -> list[int]:
     return [int(p) for p in out.split() if int(p) != os.getpid()]
 
 
+def _node_pids() -> list[int]:
+    """containerd, the shims and the node's binaries: everything that names the state dir or the binaries'."""
+    return _pids(STATE) + _pids(f"{CACHE}/k8s-")
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _mounts() -> list[str]:
+    with open("/proc/mounts") as fh:
+        targets = [line.split()[1] for line in fh]
+    return [t for t in targets if t.startswith((STATE, CONTAINERD_ROOT))]
+
+
+def _cni_netns() -> list[str]:
+    return [n for n in _run("ip", "netns", "list", check=False).stdout.split() if n.startswith("cni-")]
+
+
 def _cgroups() -> list[str]:
     """The kubelet's cgroups (kubepods, the QoS classes, each pod's), deepest first."""
     found = []
@@ -276,16 +299,9 @@ def _cgroups() -> list[str]:
 
 def leftovers() -> dict[str, list]:
     """What a node run leaves on the machine if it is not torn down (empty lists after `down`)."""
-    mounts = []
-    with open("/proc/mounts") as fh:
-        for line in fh:
-            target = line.split()[1]
-            if target.startswith((STATE, CONTAINERD_ROOT)):
-                mounts.append(target)
-    netns = [n for n in _run("ip", "netns", "list", check=False).stdout.split() if n.startswith("cni-")]
     bridge = _run("ip", "link", "show", BRIDGE, check=False).returncode == 0
     kube_chains = [f"{tool} {table} {chain}" for tool, table, chain in _kube_chains()]
-    return {"processes": _pids(STATE) + _pids(f"{CACHE}/k8s-"), "mounts": mounts, "netns": netns,
+    return {"processes": _node_pids(), "mounts": _mounts(), "netns": _cni_netns(),
             "bridge": [BRIDGE] if bridge else [], "iptables": kube_chains, "cgroups": _cgroups(),
             "state": [STATE] if os.path.exists(STATE) else []}
 
@@ -323,32 +339,23 @@ def _kill_containers() -> None:
     for cg in _cgroups():
         try:
             with open(os.path.join(cg, "cgroup.procs")) as fh:
-                pids = [int(p) for p in fh.read().split()]
+                _signal([int(p) for p in fh.read().split()], signal.SIGKILL)
         except OSError:
             continue
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def down() -> None:
     """Remove everything a node run may have left, whatever state it died in. Idempotent."""
     _kill_containers()
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _pids(STATE) + _pids(f"{CACHE}/k8s-")  # containerd, the shims, the node's binaries
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        pids = _node_pids()
+        _signal(pids, sig)
         deadline = time.monotonic() + 10
-        while pids and time.monotonic() < deadline and (_pids(STATE) + _pids(f"{CACHE}/k8s-")):
+        while pids and time.monotonic() < deadline and _node_pids():
             time.sleep(0.2)
-    for target in sorted(leftovers()["mounts"], key=len, reverse=True):
+    for target in sorted(_mounts(), key=len, reverse=True):
         _run("umount", "-l", target, check=False)
-    for name in leftovers()["netns"]:
+    for name in _cni_netns():
         _run("ip", "netns", "delete", name, check=False)
     _run("ip", "link", "delete", BRIDGE, check=False)
     for proxy in glob.glob(f"{CACHE}/k8s-*/bin/kube-proxy")[:1]:  # its own rules, whatever it left
