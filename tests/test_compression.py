@@ -208,6 +208,39 @@ def test_world_size_one_works_for_every_method():
         assert held_out < 0.9 * untrained, f"{method}: {held_out:.3f} vs untrained {untrained:.3f}"
 
 
+def spread_of_the_first_steps(rank, world, steps):
+    """Each step's recorded spread, and the spread of this rank's own gradient computed apart (a copy of
+    the model, the same batch: the gradient before any averaging or error feedback)."""
+    import copy
+
+    from netsense.compression import register
+
+    model = _ddp(_tiny_mlp())
+    state = register(model, {"method": "tta"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    for step in range(steps):
+        x, y = _batch(rank, step, n=32)
+        alone = copy.deepcopy(model.module)
+        torch.nn.functional.cross_entropy(alone(x), y).backward()
+        g = torch.cat([p.grad.view(-1) for p in alone.parameters()])  # one bucket: the whole gradient
+        expected.append(float(g.abs().sum() ** 2 / (g.numel() * g.pow(2).sum())))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    state.finish()
+    return [h["grad_spread"] for h in state.history], expected
+
+
+def test_the_spread_is_measured_on_each_ranks_own_gradient_as_computed():
+    """The controller's knee comes from ||g||_1^2 / (n ||g||_2^2) of the gradient each rank computed: not
+    the averaged one, not the one error feedback has added to (sparse steps after the first)."""
+    for recorded, expected in run_world(spread_of_the_first_steps, 2, 6):
+        assert len(recorded) == 6
+        assert recorded == pytest.approx(expected, rel=1e-4)
+        assert all(0 < v < 1 for v in recorded)
+
+
 def test_netsense_payload_shrinks_on_a_slow_measurement():
     from netsense.control.policies import PaperAIMD, StepMeasurement
 

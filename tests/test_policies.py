@@ -24,6 +24,12 @@ def m(payload, seconds, compute=0.1, norm=1.0, wire=None):
     return StepMeasurement(wire if wire is not None else payload, payload, seconds, compute, norm)
 
 
+def tta(numel: int, world: int, **settings) -> TimeToAccuracyController:
+    """The controller with the knee pinned at 0.003 (what the digits MLP's spread gives): the cost
+    arithmetic tested on its own; the learned knee has tests of its own below."""
+    return TimeToAccuracyController(numel, world, **{"knee": 0.003, **settings})
+
+
 def over_link(payload, bandwidth, latency=0.002, compute=0.1):
     """A step whose collectives carried `payload` bytes over a link: busy = latency + payload/bandwidth."""
     return StepMeasurement(payload, payload, latency + payload / bandwidth, compute, 1.0)
@@ -189,14 +195,14 @@ def test_quantization_gate_doubles_the_ratio():
 
 def test_tta_sends_dense_when_the_gradient_costs_less_than_compression():
     n, world = 1_000_000, 2
-    c = TimeToAccuracyController(n, world)
+    c = tta(n, world)
     assert c.decide().dense  # nothing measured yet: dense, which also measures the link
     fast = 1e9 / 8  # bytes/s
     # 4 MB at 1 Gbit/s is 32 ms on a 1 s step: TopK's extra steps would cost more than that.
     c.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 1.0, 1.0))
     d = c.decide()
     assert d.dense and not d.fp16
-    short = TimeToAccuracyController(n, world)  # the same link, a 100 ms step: 32 ms is a third of it
+    short = tta(n, world)  # the same link, a 100 ms step: 32 ms is a third of it
     short.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / fast, 0.1, 1.0))
     d = short.decide()
     assert not d.dense and 0.05 < d.density < 0.2  # TopK at ~8%: 4 ms on the wire, 4% more steps
@@ -204,7 +210,7 @@ def test_tta_sends_dense_when_the_gradient_costs_less_than_compression():
 
 def test_tta_density_minimizes_the_predicted_time_to_accuracy():
     n, world = 10_000_000, 2
-    c = TimeToAccuracyController(n, world, probe_every=1000)
+    c = tta(n, world, probe_every=1000)
     bw = 20e6 / 8  # 20 Mbit/s
     c.update(m(0, 1.0, compute=0.2, wire=bw))
     d = c.decide()
@@ -221,7 +227,7 @@ def test_tta_density_minimizes_the_predicted_time_to_accuracy():
 
 def test_tta_reacts_to_a_bandwidth_drop_within_three_steps():
     n, world = 10_000_000, 2
-    c = TimeToAccuracyController(n, world, probe_every=1000)
+    c = tta(n, world, probe_every=1000)
     for _ in range(5):
         c.update(over_link(1e6, 200e6 / 8, compute=0.2))
     high = c.decide().density
@@ -243,7 +249,7 @@ def jittery_step(c: TimeToAccuracyController, mbit: float, rng: random.Random) -
 def test_tta_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed_time_jitter(seed):
     """Probes sized from the old estimate stay under the fixed time's noise; probes that double while they find
     more do not."""
-    c, rng = TimeToAccuracyController(1_100_000, 2), random.Random(seed)
+    c, rng = tta(1_100_000, 2), random.Random(seed)
     for _ in range(60):
         jittery_step(c, 20, rng)
     assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
@@ -259,12 +265,12 @@ def test_tta_picks_the_cheaper_collective():
     # 64 workers: a sparse all_gather costs (N-1) x k x 6 bytes, the ring allreduce ~4n
     # whatever N. At a 5% density floor, sparse would cost 5x the dense fp16 allreduce.
     n, world = 1_000_000, 64
-    c = TimeToAccuracyController(n, world, min_density=0.05, probe_every=1000)
+    c = tta(n, world, min_density=0.05, probe_every=1000)
     c.update(m(0, 1.0, compute=0.1, wire=1e6))  # a slow link
     assert sparse_allgather_bytes(int(0.05 * n), world, True) > dense_allreduce_bytes(n, world, True)
     d = c.decide()
     assert d.dense and d.fp16
-    few = TimeToAccuracyController(n, 2, min_density=0.05, probe_every=1000)
+    few = tta(n, 2, min_density=0.05, probe_every=1000)
     few.update(m(0, 1.0, compute=0.1, wire=1e6))
     assert not few.decide().dense  # with 2 workers sparse at 5% is far cheaper
 
@@ -272,9 +278,9 @@ def test_tta_picks_the_cheaper_collective():
 def test_tta_counts_selection_time_against_the_wire():
     n, world = 10_000_000, 2
     bw = 200e6 / 8
-    free = TimeToAccuracyController(n, world, probe_every=1000)
+    free = tta(n, world, probe_every=1000)
     free.update(m(0, 1.0, compute=0.2, wire=bw))
-    costly = TimeToAccuracyController(n, world, probe_every=1000)
+    costly = tta(n, world, probe_every=1000)
     costly.update(m(0, 1.0, compute=0.2, wire=bw))
     # Selecting 100k elements took 60 ms: 0.6 us per element, more than the wire's 0.24 us.
     costly.update(StepMeasurement(1.0 * bw, 0, 1.0, 0.2, 1.0, selection_seconds=0.06, elements_sent=100_000))
@@ -300,11 +306,11 @@ def test_only_the_per_element_part_of_selection_is_weighed_against_the_wire():
 
 def test_tta_never_compresses_below_its_floor():
     n, world = 10_000_000, 2
-    c = TimeToAccuracyController(n, world, probe_every=1000)
+    c = tta(n, world, probe_every=1000)
     c.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))  # 0.1 Mbit/s: the optimum would be 0.035%
     d = c.decide()
     assert not d.dense and d.density == 0.001  # the default floor: 0.1%
-    high = TimeToAccuracyController(n, world, probe_every=1000, min_density=0.01)
+    high = tta(n, world, probe_every=1000, min_density=0.01)
     high.update(m(0, 1.0, compute=0.2, wire=0.1e6 / 8))
     assert high.decide().density == 0.01
 
@@ -312,7 +318,7 @@ def test_tta_never_compresses_below_its_floor():
 def test_tta_finds_freed_capacity_within_10_steps():
     """A 20 -> 200 Mbit rise, on a simulated link, with the controller sizing its own payloads and probes."""
     n, world = 1_100_000, 2
-    c = TimeToAccuracyController(n, world)
+    c = tta(n, world)
     # 5-25 ms of fixed time per step, as two workers on two shared cores show here
     slow, fast = SimulatedLink(20, fixed=0.005, skew=0.02), SimulatedLink(200, fixed=0.005, skew=0.02, seed=1)
 
@@ -331,3 +337,62 @@ def test_tta_finds_freed_capacity_within_10_steps():
         step(fast)
         steps += 1
         assert steps <= 10, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after 10 steps at 200"
+
+
+def test_tta_learns_the_knee_from_the_gradients_spread():
+    """The knee is delayCost x the measured spread: a task whose gradient is spread evenly (error feedback
+    holds most of it back for ~1/d steps) is sent denser than one whose energy sits in few entries, on the
+    same link: by sqrt of the spreads' ratio, as d* = sqrt(knee (C+F) / (N (s+w)))."""
+    n, world, bw = 10_000_000, 2, 20e6 / 8
+
+    def density(spread: float) -> tuple[float, TimeToAccuracyController]:
+        c = TimeToAccuracyController(n, world, probe_every=1000)
+        c.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=spread))
+        return c.decide().density, c
+
+    concentrated, c1 = density(0.05)
+    even, c2 = density(0.8)
+    assert c1.knee == pytest.approx(0.014 * 0.05) and c2.knee == pytest.approx(0.014 * 0.8)
+    assert even / concentrated == pytest.approx(math.sqrt(0.8 / 0.05), rel=1e-6)
+    unmeasured = TimeToAccuracyController(n, world)
+    assert unmeasured.knee == pytest.approx(0.014)  # the flattest gradient until measured: errs denser
+    pinned = TimeToAccuracyController(n, world, knee=0.003)
+    pinned.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=0.8))
+    assert pinned.knee == 0.003
+
+
+def test_tta_smooths_the_spread_over_steps():
+    """One odd step moves the knee by a fifth of the difference, not all of it."""
+    c = TimeToAccuracyController(1_000_000, 2)
+    for _ in range(5):
+        c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=0.2))
+    c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=1.0))
+    assert c.spread == pytest.approx(0.2 + 0.2 * 0.8)
+
+
+def test_tta_keeps_its_choice_while_another_is_within_the_models_error():
+    """Dense and sparse within 5% of each other: the controller does not flap between them on noise
+    (a dense step flushes the residual), but it does switch once the other is clearly cheaper."""
+    c = tta(1_000_000, 2, probe_every=1000)
+    c.update(StepMeasurement(4e6, 0, 0.002 + 4e6 / (1e9 / 8), 0.1, 1.0))
+
+    def kind_at(compute_s: float) -> bool:
+        c.compute_s = compute_s
+        return c.decide().dense
+
+    def gap(compute_s: float) -> float:  # > 0: sparse is the cheaper
+        c.compute_s = compute_s
+        d = min(1.0, max(c.min_density, c.sparse_density()))
+        sparse = c.predicted_cost(Decision(density=d, fp16=True, dense=False))
+        return min(c.predicted_cost(Decision()), c.predicted_cost(Decision(fp16=True))) - sparse
+
+    lo, hi = 1e-3, 10.0  # sparse wins at short steps, dense at long ones: find where they cross
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
+    crossing = lo
+    assert not kind_at(crossing * 0.2)  # clearly sparse
+    assert not kind_at(crossing * 1.02)  # dense a little cheaper: sparse kept
+    assert kind_at(crossing * 5)  # clearly dense
+    assert kind_at(crossing * 0.98)  # sparse a little cheaper: dense kept
+    assert not kind_at(crossing * 0.2)

@@ -112,14 +112,15 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
         "tta": lambda: TimeToAccuracyController(
-            numel, world, knee=c["kneeDensity"], window=c["window"], probe_every=c["probeEvery"],
+            numel, world, delay_cost=c["delayCost"], knee=c.get("kneeDensity"), window=c["window"],
+            probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step
     # allreduce has neither setting, and without sparse steps neither matters.
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
-                             warmup_steps=c.get("warmupSteps", 0), need_grad_norm=method == "netsense" and c["quantize"],
+                             warmup_steps=c.get("warmupSteps", 0), need_grad_stats=(method == "netsense" and c["quantize"]) or method == "tta",
                              seed=seed)
     model.register_comm_hook(state, compress_hook)
     return state

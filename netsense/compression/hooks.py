@@ -62,13 +62,13 @@ class CompressionState(MeasuredState):
     """
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
-                 error_feedback: bool = True, warmup_steps: int = 0, need_grad_norm: bool = False, seed: int = 0):
+                 error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0):
         super().__init__(process_group)
         self.policy = policy
         self.memory = ResidualMemory() if error_feedback else None
         self.topk = TopK(seed, dist.get_rank(process_group))
         self.warmup_steps = max(1, warmup_steps)  # iteration 0 is always dense
-        self.need_grad_norm = need_grad_norm
+        self.need_grad_stats = need_grad_stats
         self.decision = Decision()
         self.warmup = False
         self._agreement: torch.futures.Future | None = None
@@ -148,8 +148,10 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
     buf = bucket.buffer()
     if bucket.index() == 0:
         state.begin_step(buf.device)
-    if state.need_grad_norm:
-        state.counts.grad_sq = state.counts.grad_sq + buf.pow(2).sum()  # a tensor: no device sync here
+    if state.need_grad_stats:  # of the gradient as computed, before error feedback: a property of the task
+        c = state.counts
+        c.grad_sq = c.grad_sq + buf.pow(2).sum()  # tensors: no device sync here
+        c.l1_sq_per_n = c.l1_sq_per_n + buf.abs().sum().pow(2) / buf.numel()
     return state.dense(bucket) if state.decision.dense else state.sparse(bucket)
 
 

@@ -26,6 +26,7 @@ class StepCounts:
     payload_bytes: float = 0.0  # what this rank's gradient was compressed to (before the collective)
     selection_seconds: float = 0.0  # selecting and packing (the sparse path)
     grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
+    l1_sq_per_n: float | torch.Tensor = 0.0  # sum over buckets of ||g_b||_1^2 / n_b (for the spread)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0
 
@@ -76,6 +77,7 @@ class MeasuredState:
             "selection_seconds": c.selection_seconds,
             "elements_sent": c.elements_sent,
             "grad_norm": math.sqrt(float(c.grad_sq)),
+            "grad_spread": float(c.l1_sq_per_n) / float(c.grad_sq) if float(c.grad_sq) > 0 else 0.0,
         }
         record.update(self._extra_fields(record))
         self.history.append(record)

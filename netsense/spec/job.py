@@ -207,9 +207,13 @@ COMPRESSION = Union("method", {
     "tta": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
         "warmupSteps": _WARMUP,
+        "delayCost": F(Float(min=0, exclusive_min=True,
+                             doc="dense steps lost per step of delay that error feedback puts on the "
+                                 "gradient's energy: the model's knee is delayCost x the gradient's measured "
+                                 "spread ||g||_1^2/(n ||g||_2^2) (fitted on the digits MLP)"), default=0.014),
         "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
-                               doc="density at which TopK with error feedback needs twice the dense "
-                                   "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
+                               doc="fix the knee instead of learning it: the density at which TopK with error "
+                                   "feedback needs twice the dense steps (steps x (1 + kneeDensity/density))")),
         "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
                         default=0.001),
         "window": _WINDOW,
