@@ -115,6 +115,51 @@ def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path
     assert all(r["ratio_to_ceiling"] == pytest.approx(0.5) for r in rows)
 
 
+def test_cells_run_interleaved_and_every_results_file_names_the_commit(tmp_path, monkeypatch):
+    """The protocol: cells in a shuffled (seeded) order, so no method runs in one stretch of the machine's
+    drift; every result, row and the summary carry the commit that ran and the grid file's commit."""
+    import subprocess
+
+    from netsense.bench import cells, report
+
+    ran = []
+
+    def fake_run(cell, cell_dir):
+        ran.append((cell.method, cell.scenario, cell.seed))
+        return _r(cell.method, cell.scenario, cell.seed, 1.0 + cell.seed)
+
+    monkeypatch.setattr(cells, "run_local", fake_run)
+    monkeypatch.setattr(report, "plots", lambda *a: [])
+    grid = {**GRID, "profiles": {"a": {"type": "static", "rate": "100Mbit"}, "b": {"type": "static", "rate": "50Mbit"}},
+            "seeds": [0, 1, 2]}
+    in_grid_order = [(m, p, s) for m in grid["methods"] for p in grid["profiles"] for s in grid["seeds"]]
+    assert run_bench(write(tmp_path, grid), str(tmp_path / "out")) == 0
+    assert sorted(ran) == sorted(in_grid_order) and ran != in_grid_order
+    first_half = {m for m, _, _ in ran[:len(ran) // 2]}
+    assert first_half == set(grid["methods"])  # interleaved: both methods early on
+    again = []
+    monkeypatch.setattr(cells, "run_local", lambda cell, d: again.append((cell.method, cell.scenario, cell.seed))
+                        or _r(cell.method, cell.scenario, cell.seed, 1.0))
+    assert run_bench(write(tmp_path, grid), str(tmp_path / "again")) == 0
+    assert again == ran  # seeded: the same order every time
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results = json.loads((tmp_path / "out" / "summary.json").read_text())
+    rows = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert {r["commit"] for r in results} == {r["commit"] for r in rows} == {head}
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert f"commit {head[:12]}" in md and "shuffled, interleaved" in md
+    assert "the grid file is not in the repository" in md  # written under tmp: nothing proves it was frozen
+    ran.clear()
+    monkeypatch.setattr(cells, "run_local", fake_run)
+    assert run_bench(write(tmp_path, {**grid, "order": "grid"}), str(tmp_path / "ordered")) == 0
+    assert ran == in_grid_order
+
+
+def test_a_bad_order_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(SpecError, match="order"):
+        load_grid(write(tmp_path, {**GRID, "order": "random"}))
+
+
 @pytest.mark.root
 def test_local_bench_writes_summary_table_and_plots(tmp_path):
     out = tmp_path / "out"

@@ -13,6 +13,7 @@ A grid file::
     methods: {allreduce: {method: allreduce}, topk-0.01: {method: topk, density: 0.01}, ...}
     profiles: {static-50: {type: static, rate: 50Mbit}, ...}
     seeds: [0, 1]
+    order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
 
 A scenario is a bandwidth profile, or ``{network: {...}}``: a whole
 spec.network (the shared topology, cross traffic) merged over the base's.
@@ -30,6 +31,7 @@ The package, one job per module:
     cells    running one cell, locally or on a cluster; the no-communication ceiling
     stats    results -> one row per method and scenario
     report   rows -> summary.md and the plots
+    provenance  the commit that ran and the commit of the grid file, in every results file
     run      `netsense bench`: the loop over the cells and what lands in --out
 """
 

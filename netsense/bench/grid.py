@@ -45,6 +45,10 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
     seeds = grid.get("seeds", [0])
     if not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise SpecError([Issue("seeds", "must be a list of non-negative integers")])
+    if grid.get("order", "shuffled") not in ("shuffled", "grid"):
+        raise SpecError([Issue("order", "must be shuffled (cells interleaved; the default) or grid")])
+    if not isinstance(grid.get("orderSeed", 0), int):
+        raise SpecError([Issue("orderSeed", "must be an integer (it seeds the shuffle)")])
     if only_seeds is not None:
         missing = sorted(set(only_seeds) - set(seeds))
         if missing:

@@ -23,9 +23,11 @@ def paired(row: dict) -> str:
 
 
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
-             ceilings: list[float] | None = None) -> str:
+             ceilings: list[float] | None = None, source: str = "") -> str:
     t = grid.get("base", {}).get("training", {})
-    lines = [f"# Benchmark: {name}", "",
+    order = ("in a shuffled, interleaved order" if grid.get("order", "shuffled") == "shuffled"
+             else "in the grid's order (method by method)")
+    lines = [f"# Benchmark: {name}", "", f"{source} Cells ran {order} in one invocation.".strip(), "",
              f"Target accuracy {t.get('targetAccuracy')} for every method, reached when held "
              f"{t.get('targetHold', 3)} evaluations in a row (TTA: the first of them); budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 
 from netsense.bench import cells, report
 from netsense.bench.grid import load_grid
+from netsense.bench.provenance import describe, provenance
 from netsense.bench.stats import summarize
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
               seeds: list[int] | None = None) -> int:
     name, todo, grid = load_grid(grid_path, seeds)
+    if grid.get("order", "shuffled") == "shuffled":
+        # Interleaved: the machine drifts over an hour (10-17% here), and a method whose cells ran in
+        # one stretch would carry that stretch's speed. Seeded, so a rerun into the same --out agrees.
+        random.Random(grid.get("orderSeed", 0)).shuffle(todo)
+    source = provenance(grid_path)
     out_dir = out_dir or os.path.join("runs", f"bench-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(out_dir, exist_ok=True)
     results = []
@@ -33,7 +40,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             print("    (reusing the finished result in this output directory)", file=sys.stderr)
         else:
             r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir)
-        r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
+        r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed, **source,
                  timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
         if r.get("timeline") and not os.path.exists(r["timeline"]):
             r["timeline"] = None
@@ -50,12 +57,13 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     rows = summarize(results)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
-    if ceiling:
-        for r in rows:
+    for r in rows:
+        r.update(source)
+        if ceiling:
             r["ratio_to_ceiling"] = r["samples_per_s"] / ceiling if r["samples_per_s"] else None
     with open(os.path.join(out_dir, "table.json"), "w") as fh:
         json.dump(rows, fh, indent=1, default=str)
-    md = report.markdown(name, rows, grid, ceiling, measured)
+    md = report.markdown(name, rows, grid, ceiling, measured, describe(source))
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
     made = report.plots(out_dir, rows, results)
