@@ -180,6 +180,16 @@ def test_aimd_clamps_and_startup_doubles_until_first_decrease():
     assert r.ratio == 0.05  # clamped at max_ratio
 
 
+def test_aimd_start_up_starts_after_the_dense_warm_up_step():
+    """Step 0 is dense (DDP's bucket rebuild): its payload is the BDP it measured. Reacted to, it halved
+    the ratio and ended start-up before the first compressed step; sensed, start-up doubles from there."""
+    p = PaperAIMD(initial=0.01, quantize=False)
+    p.sense(over_link(4e6, 20e6 / 8))  # the dense step: 4 MB at 20 Mbit/s
+    assert p.ratio == 0.01 and p.in_startup and p.sensor.bandwidth > 0
+    p.update(over_link(40e3, 20e6 / 8))  # the first compressed step, far below the BDP
+    assert p.ratio == pytest.approx(0.02) and p.in_startup
+
+
 def test_quantization_gate_doubles_the_ratio():
     p = PaperAIMD(initial=0.05, trq=0.1, trd=0.5)
     p.grad_norm = 1.0

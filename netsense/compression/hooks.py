@@ -101,7 +101,8 @@ class CompressionState(MeasuredState):
     def _beginning(self) -> None:
         measured = self._agreed()
         if self.policy is not None and measured is not None:
-            self.policy.update(measured)
+            # self.warmup is still the measured step's: a step the policy did not decide is only sensed
+            (self.policy.sense if self.warmup else self.policy.update)(measured)
         self.warmup = self.policy is not None and self.step + 1 < self.warmup_steps
         self.decision = self.policy.decide() if self.policy is not None and not self.warmup else Decision()
 

@@ -52,7 +52,13 @@ def sparse_allgather_bytes(k: int, world: int, fp16: bool = False) -> float:
 
 class Policy:
     def update(self, m: StepMeasurement) -> None:  # pragma: no cover - interface
+        """A step this policy decided has been measured."""
         raise NotImplementedError
+
+    def sense(self, m: StepMeasurement) -> None:
+        """A step the policy did not decide (the dense warm-up) has been measured: what it says about the
+        link and the task counts; only a policy that reacts to its own decisions needs to tell them apart."""
+        self.update(m)
 
     def decide(self) -> Decision:  # pragma: no cover - interface
         raise NotImplementedError
@@ -89,7 +95,9 @@ class PaperAIMD(Policy):
         otherwise                 ->  ratio += beta       (additive increase)
 
     Start-up (the paper mentions one without detail): the ratio doubles each step
-    until the first decrease, like BBR's/TCP's slow start.
+    until the first decrease, like BBR's/TCP's slow start. The dense warm-up
+    step (step 0, or warmupSteps) is sensed, not reacted to: its payload is the
+    BDP it measured, and taking it as a decision ended the start-up at once.
     Reduction: fp16 values when ratio < trq and the gradient's L2 norm > trd,
     which halves the bytes per value and so doubles the ratio; pruning of the
     smallest-|weight| entries at prune_factor * (1 - ratio); TopK at the ratio.
@@ -112,9 +120,14 @@ class PaperAIMD(Policy):
         self.sensor = LinkEstimator(window)
         self.grad_norm = 0.0
 
-    def update(self, m: StepMeasurement) -> None:
+    def sense(self, m: StepMeasurement) -> None:
+        """The dense warm-up step feeds the filters but is not a payload the AIMD chose: reacting to it
+        (a dense payload equals the BDP it measured itself) ended the start-up before it began."""
         self.grad_norm = m.grad_norm
         self.sensor.observe(m.wire_bytes, m.comm_seconds)
+
+    def update(self, m: StepMeasurement) -> None:
+        self.sense(m)
         if m.wire_bytes <= 0:
             return
         if m.wire_bytes > self.fraction * self.sensor.bdp:
