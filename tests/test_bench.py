@@ -155,6 +155,16 @@ def test_cells_run_interleaved_and_every_results_file_names_the_commit(tmp_path,
     assert ran == in_grid_order
 
 
+def test_a_scenario_may_change_the_worker_count_and_a_bad_one_is_named(tmp_path):
+    grid = {**GRID, "profiles": {"three": {"workers": 3, "network": {"profile": {"type": "static", "rate": "50Mbit"}}},
+                                 "plain": {"type": "static", "rate": "50Mbit"}}}
+    _, cells, _ = load_grid(write(tmp_path, grid))
+    workers = {c.scenario: c.job["spec"]["workers"] for c in cells}
+    assert workers == {"three": 3, "plain": 2}
+    with pytest.raises(SpecError, match="profiles.odd"):
+        load_grid(write(tmp_path, {**GRID, "profiles": {"odd": {"worker": 3}}}))
+
+
 def test_a_bad_order_is_refused_naming_the_field(tmp_path):
     with pytest.raises(SpecError, match="order"):
         load_grid(write(tmp_path, {**GRID, "order": "random"}))

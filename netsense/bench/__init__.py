@@ -15,8 +15,9 @@ A grid file::
     seeds: [0, 1]
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
 
-A scenario is a bandwidth profile, or ``{network: {...}}``: a whole
-spec.network (the shared topology, cross traffic) merged over the base's.
+A scenario is a bandwidth profile, or ``{network: {...}, workers: N}`` (either or
+both): a whole spec.network (the shared topology, cross traffic) merged over the
+base's, and another worker count.
 Each row reports, beside time to accuracy, what the method did to the
 bottleneck: its worst link's p99 queueing delay and the drops there, and the
 cross traffic's goodput while on.

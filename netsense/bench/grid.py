@@ -34,6 +34,20 @@ def _dns(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
 
 
+SCENARIO_KEYS = ("network", "workers")
+
+
+def _scenario(name: str, setting) -> dict:
+    """A profile (a mapping with a type), or a scenario: a whole spec.network and/or another worker count."""
+    if not isinstance(setting, dict) or "type" in setting:
+        return {"network": {"profile": setting}}
+    unknown = sorted(set(setting) - set(SCENARIO_KEYS))
+    if unknown or not setting:
+        raise SpecError([Issue(f"profiles.{name}", f"a scenario sets {' and/or '.join(SCENARIO_KEYS)}, "
+                                                   f"or is a profile with a type (got {unknown or 'nothing'})")])
+    return dict(setting)
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
     """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
@@ -63,9 +77,9 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
     cells = []
     for method, compression in grid["methods"].items():
         for scenario, setting in grid["profiles"].items():
-            network = setting["network"] if isinstance(setting, dict) and "network" in setting else {"profile": setting}
+            over = _scenario(scenario, setting)
             for seed in seeds:
-                spec = merge(base, {"network": network, "training": {"seed": seed}})
+                spec = merge(base, {**over, "training": {"seed": seed}})
                 spec["compression"] = copy.deepcopy(compression)  # a method's settings are its own: never merged
                 doc = {"apiVersion": API_VERSION, "kind": KIND,
                        "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
