@@ -16,7 +16,7 @@ from netsense.compression import validate_config
 from netsense.compression.selection import Workspace, topk_indices
 from netsense.spec import SpecError
 
-METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "tta"]
+METHODS = ["allreduce", "fp16", "powersgd", "topk", "netsense", "dc2", "tta"]
 NO_CUDA = "no CUDA device here: testbed/gpu/check.sh runs the CUDA variants on a GPU"
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
                                               pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])]

@@ -10,6 +10,7 @@ import pytest
 
 from netsense.control.policies import (
     Decision,
+    DelayDriven,
     PaperAIMD,
     SelectionCost,
     StepMeasurement,
@@ -406,3 +407,33 @@ def test_tta_keeps_its_choice_while_another_is_within_the_models_error():
     assert kind_at(crossing * 5)  # clearly dense
     assert kind_at(crossing * 0.98)  # sparse a little cheaper: dense kept
     assert not kind_at(crossing * 0.2)
+
+
+def _dc2_step(p: DelayDriven, bandwidth: float, compute: float = 0.1, fixed: float = 0.005) -> float:
+    """One step of dc2 over a link: its decision's bytes cross at `bandwidth` after a fixed delay."""
+    d = p.decide()
+    wire = dense_allreduce_bytes(p.numel, p.world) if d.dense else sparse_allgather_bytes(
+        math.ceil(d.density * p.numel), p.world)
+    p.update(StepMeasurement(wire, wire, fixed + wire / bandwidth, compute, 1.0))
+    return fixed + wire / bandwidth
+
+
+def test_dc2_holds_the_delay_near_its_budget_and_follows_the_link():
+    """Starts dense; on a slow link compresses until the collectives' delay is about the compute time
+    (the budget), and goes back to dense once the link is fast enough to carry the whole gradient in it."""
+    p = DelayDriven(1_000_000, 2)
+    assert p.decide().dense
+    delays = [_dc2_step(p, 20e6 / 8) for _ in range(30)]  # 20 Mbit/s: dense is 1.6 s against 0.1 s of compute
+    assert delays[0] > 1.0 and 0.08 < delays[-1] < 0.125
+    assert 0.01 < p.density < 0.05
+    for _ in range(30):
+        _dc2_step(p, 10e9 / 8)  # 10 Gbit/s: 4 MB in 3 ms, far inside the budget
+    assert p.decide().dense and p.density == 1.0
+
+
+def test_dc2_never_goes_below_its_floor():
+    p = DelayDriven(1_000_000, 2, min_density=0.01)
+    for _ in range(40):
+        _dc2_step(p, 1e6 / 8)
+    assert p.density == 0.01 and not p.decide().dense
+

@@ -24,6 +24,7 @@ from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
+    DelayDriven,
     FixedDensity,
     PaperAIMD,
     TimeToAccuracyController,
@@ -111,6 +112,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
+        "dc2": lambda: DelayDriven(numel, world, target=c["delayTarget"], gain=c["gain"],
+                                   min_density=c["minDensity"]),
         "tta": lambda: TimeToAccuracyController(
             numel, world, delay_cost=c["delayCost"], knee=c.get("kneeDensity"), window=c["window"],
             probe_every=c["probeEvery"],

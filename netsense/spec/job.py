@@ -204,6 +204,18 @@ COMPRESSION = Union("method", {
         "trd": F(Float(min=0, doc="... and gradient L2 norm > trd"), default=1e-3),
         "pruneFactor": F(Float(min=0, max=1, doc="prune at pruneFactor*(1-ratio)"), default=0.5),
     }, checks=[_check_netsense], doc="the paper's NetSenseML: AIMD of the payload ratio against the sensed BDP"),
+    "dc2": Obj({
+        "errorFeedback": _ERROR_FEEDBACK,
+        "warmupSteps": _WARMUP,
+        "delayTarget": F(Float(min=0, exclusive_min=True,
+                               doc="communication delay budget as a multiple of the step's compute time"),
+                         default=1.0),
+        "gain": F(Float(min=0, max=1, exclusive_min=True, doc="exponent of the multiplicative update (damping)"),
+                  default=0.5),
+        "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
+                        default=0.001),
+    }, doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
+           "near delayTarget x the compute time"),
     "tta": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
         "warmupSteps": _WARMUP,
