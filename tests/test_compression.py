@@ -359,6 +359,18 @@ def test_native_selection_fails_clearly_on_nan_instead_of_spinning():
         native.Selector().select(signal, None, 10, False, False, torch.Generator())
 
 
+@pytest.mark.parametrize("fraction", [0.05, 0.5, 0.95])
+def test_the_prune_threshold_leaves_the_asked_fraction_below_it(fraction):
+    """The paper's pruning zeroes the smallest-|weight| fraction: the sampled threshold puts that
+    fraction below it within 1%, on weights of uneven scale by layer (the stratified sample sees each)."""
+    from netsense.compression.selection import prune_threshold
+
+    g = torch.Generator().manual_seed(0)
+    weights = torch.cat([torch.randn(800_000, generator=g) * 0.01, torch.randn(300_000, generator=g)])
+    t = prune_threshold(weights, fraction, torch.Generator().manual_seed(1))
+    assert float((weights.abs() < t).float().mean()) == pytest.approx(fraction, abs=0.01)
+
+
 def test_native_selection_skips_pruned_entries():
     native = _native()
     g = torch.Generator().manual_seed(2)
