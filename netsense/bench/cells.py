@@ -81,3 +81,23 @@ def previous_result(cell_dir: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return r if r.get("status") == "Succeeded" else None
+
+
+PROVENANCE = "provenance.json"
+
+
+def record_provenance(cell_dir: str, source: dict) -> None:
+    """Which commit ran this cell (kept beside its result: a later run into the same --out may reuse it)."""
+    os.makedirs(cell_dir, exist_ok=True)
+    with open(os.path.join(cell_dir, PROVENANCE), "w") as fh:
+        json.dump(source, fh)
+
+
+def previous_provenance(cell_dir: str) -> dict:
+    """The commit that ran a reused cell; unknown (None) for cells from before provenance was recorded."""
+    try:
+        with open(os.path.join(cell_dir, PROVENANCE)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {"commit": None, "dirty": None, "grid_commit": None, "grid_dirty": None}
+

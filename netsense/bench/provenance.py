@@ -19,22 +19,27 @@ def _git(*args: str) -> str | None:
 
 def provenance(grid_path: str) -> dict:
     """{commit, dirty, grid_commit, grid_dirty}: None where this is not a git checkout (an installed package)."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is None:
+    commit, top = _git("rev-parse", "HEAD"), _git("rev-parse", "--show-toplevel")
+    if commit is None or top is None or not os.path.isfile(os.path.join(top, "pyproject.toml")):
+        # Not a checkout of this project (an installed package, perhaps inside some other repository).
         return {"commit": None, "dirty": None, "grid_commit": None, "grid_dirty": None}
     grid = os.path.abspath(grid_path)
     # Only the package's own files count as "dirty": results and scratch files in the checkout do not
-    # change what ran.
-    changed = _git("status", "--porcelain", "--untracked-files=no", "--", "netsense", "pyproject.toml")
+    # change what ran. Pathspecs from the top: git -C runs in the package folder.
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ":/netsense", ":/pyproject.toml")
     return {"commit": commit, "dirty": bool(changed),
             "grid_commit": _git("log", "-1", "--format=%H", "--", grid) or None,
             "grid_dirty": bool(_git("status", "--porcelain", "--", grid))}
 
 
-def describe(p: dict) -> str:
-    """One line for summary.md."""
+def describe(p: dict, results: list[dict] | None = None) -> str:
+    """One line for summary.md; ``results``: the cells', some perhaps reused from an earlier run into the
+    same --out (each keeps the commit that ran it), so a table from several commits says so."""
+    others = sorted({r.get("commit") or "unknown" for r in results or []} - {p.get("commit")})
+    mixed = (f" Some cells were reused from earlier runs of other commits ({', '.join(c[:12] for c in others)})."
+             if others else "")
     if not p.get("commit"):
-        return "Code: not a git checkout (commit unknown)."
+        return "Code: not a git checkout (commit unknown)." + mixed
     code = f"Code: commit {p['commit'][:12]}" + (" with uncommitted changes to the package" if p["dirty"] else "")
     if p.get("grid_dirty"):
         grid = "the grid file has uncommitted changes"
@@ -42,4 +47,4 @@ def describe(p: dict) -> str:
         grid = f"the grid file as committed in {p['grid_commit'][:12]}"
     else:
         grid = "the grid file is not in the repository"
-    return f"{code}; {grid}."
+    return f"{code}; {grid}.{mixed}"

@@ -38,9 +38,13 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         r = None if cluster else cells.previous_result(cell_dir)
         if r is not None:
             print("    (reusing the finished result in this output directory)", file=sys.stderr)
+            r.update(cells.previous_provenance(cell_dir))  # the commit that ran it, not this one
         else:
             r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir)
-        r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed, **source,
+            r.update(source)
+            if not cluster:
+                cells.record_provenance(cell_dir, source)
+        r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
                  timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
         if r.get("timeline") and not os.path.exists(r["timeline"]):
             r["timeline"] = None
@@ -63,7 +67,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             r["ratio_to_ceiling"] = r["samples_per_s"] / ceiling if r["samples_per_s"] else None
     with open(os.path.join(out_dir, "table.json"), "w") as fh:
         json.dump(rows, fh, indent=1, default=str)
-    md = report.markdown(name, rows, grid, ceiling, measured, describe(source))
+    md = report.markdown(name, rows, grid, ceiling, measured, describe(source, results))
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
     made = report.plots(out_dir, rows, results)

@@ -151,8 +151,10 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         state.begin_step(buf.device)
     if state.need_grad_stats:  # of the gradient as computed, before error feedback: a property of the task
         c = state.counts
-        c.grad_sq = c.grad_sq + buf.pow(2).sum()  # tensors: no device sync here
-        c.l1_sq_per_n = c.l1_sq_per_n + buf.abs().sum().pow(2) / buf.numel()
+        # Tensors (no device sync here), in fp32 whatever the bucket's dtype (an fp16 square overflows),
+        # and without a full-size temporary.
+        c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
+        c.l1_sq_per_n = c.l1_sq_per_n + torch.linalg.vector_norm(buf, 1, dtype=torch.float32).square() / buf.numel()
     return state.dense(bucket) if state.decision.dense else state.sparse(bucket)
 
 
