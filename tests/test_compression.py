@@ -216,8 +216,8 @@ def spread_of_the_first_steps(rank, world, steps):
     from netsense.compression import register
 
     model = _ddp(_tiny_mlp())
-    # A tiny knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
-    state = register(model, {"method": "tta", "kneeDensity": 1e-6})
+    # A tiny (learned) knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
+    state = register(model, {"method": "tta", "learnKnee": True, "delayCost": 1e-6})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     expected = []
     for step in range(steps):

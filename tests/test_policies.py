@@ -351,13 +351,13 @@ def test_tta_finds_freed_capacity_within_10_steps():
 
 
 def test_tta_learns_the_knee_from_the_gradients_spread():
-    """The knee is delayCost x the measured spread: a task whose gradient is spread evenly (error feedback
+    """With learnKnee, the knee is delayCost x the measured spread: a task whose gradient is spread evenly (error feedback
     holds most of it back for ~1/d steps) is sent denser than one whose energy sits in few entries, on the
     same link: by sqrt of the spreads' ratio, as d* = sqrt(knee (C+F) / (N (s+w)))."""
     n, world, bw = 10_000_000, 2, 20e6 / 8
 
     def density(spread: float) -> tuple[float, TimeToAccuracyController]:
-        c = TimeToAccuracyController(n, world, probe_every=1000)
+        c = TimeToAccuracyController(n, world, knee=None, probe_every=1000)
         c.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=spread))
         return c.decide().density, c
 
@@ -365,7 +365,7 @@ def test_tta_learns_the_knee_from_the_gradients_spread():
     even, c2 = density(0.8)
     assert c1.knee == pytest.approx(0.014 * 0.05) and c2.knee == pytest.approx(0.014 * 0.8)
     assert even / concentrated == pytest.approx(math.sqrt(0.8 / 0.05), rel=1e-6)
-    unmeasured = TimeToAccuracyController(n, world)
+    unmeasured = TimeToAccuracyController(n, world, knee=None)
     assert unmeasured.knee == pytest.approx(0.014)  # the flattest gradient until measured: errs denser
     pinned = TimeToAccuracyController(n, world, knee=0.003)
     pinned.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=0.8))
@@ -374,7 +374,7 @@ def test_tta_learns_the_knee_from_the_gradients_spread():
 
 def test_tta_smooths_the_spread_over_steps():
     """One odd step moves the knee by a fifth of the difference, not all of it."""
-    c = TimeToAccuracyController(1_000_000, 2)
+    c = TimeToAccuracyController(1_000_000, 2, knee=None)
     for _ in range(5):
         c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=0.2))
     c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=1.0))

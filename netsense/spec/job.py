@@ -219,13 +219,15 @@ COMPRESSION = Union("method", {
     "tta": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
         "warmupSteps": _WARMUP,
-        "delayCost": F(Float(min=0, exclusive_min=True,
-                             doc="dense steps lost per step of delay that error feedback puts on the "
-                                 "gradient's energy: the model's knee is delayCost x the gradient's measured "
-                                 "spread ||g||_1^2/(n ||g||_2^2) (fitted on the digits MLP)"), default=0.014),
         "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
-                               doc="fix the knee instead of learning it: the density at which TopK with error "
-                                   "feedback needs twice the dense steps (steps x (1 + kneeDensity/density))")),
+                               doc="density at which TopK with error feedback needs twice the dense "
+                                   "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
+        "learnKnee": F(Bool(doc="experimental, lost on the evaluation set: learn the knee online as delayCost x "
+                                "the gradient's measured spread ||g||_1^2/(n ||g||_2^2) instead of kneeDensity"),
+                       default=False),
+        "delayCost": F(Float(min=0, exclusive_min=True,
+                             doc="with learnKnee: dense steps lost per step of delay error feedback puts on the "
+                                 "gradient's energy (fitted on the digits MLP)"), default=0.014),
         "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
                         default=0.001),
         "window": _WINDOW,
