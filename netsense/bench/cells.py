@@ -9,6 +9,7 @@ import sys
 import time
 
 from netsense.bench.grid import Cell, merge
+from netsense.bench.provenance import UNKNOWN
 from netsense.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, parse_job
 
 
@@ -99,5 +100,5 @@ def previous_provenance(cell_dir: str) -> dict:
         with open(os.path.join(cell_dir, PROVENANCE)) as fh:
             return json.load(fh)
     except (OSError, ValueError):
-        return {"commit": None, "dirty": None, "grid_commit": None, "grid_dirty": None}
+        return dict(UNKNOWN)
 

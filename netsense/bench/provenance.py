@@ -7,6 +7,7 @@ import os
 import subprocess
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNKNOWN = {"commit": None, "dirty": None, "grid_commit": None, "grid_dirty": None}
 
 
 def _git(*args: str) -> str | None:
@@ -22,7 +23,7 @@ def provenance(grid_path: str) -> dict:
     commit, top = _git("rev-parse", "HEAD"), _git("rev-parse", "--show-toplevel")
     if commit is None or top is None or not os.path.isfile(os.path.join(top, "pyproject.toml")):
         # Not a checkout of this project (an installed package, perhaps inside some other repository).
-        return {"commit": None, "dirty": None, "grid_commit": None, "grid_dirty": None}
+        return dict(UNKNOWN)
     grid = os.path.abspath(grid_path)
     # Only the package's own files count as "dirty": results and scratch files in the checkout do not
     # change what ran. Pathspecs from the top: git -C runs in the package folder.

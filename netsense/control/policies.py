@@ -50,6 +50,12 @@ def sparse_allgather_bytes(k: int, world: int, fp16: bool = False) -> float:
     return (world - 1) * k * (VALUE_BYTES[fp16] + INDEX_BYTES)
 
 
+def smoothed(average: float, sample: float, weight: float = 0.3) -> float:
+    """Exponential moving average; the first sample (average still 0) is taken as it is. Compute times and
+    the gradient's spread are noisy on shared CPUs."""
+    return sample if average == 0 else (1 - weight) * average + weight * sample
+
+
 class Policy:
     def update(self, m: StepMeasurement) -> None:  # pragma: no cover - interface
         """A step this policy decided has been measured."""
@@ -169,8 +175,7 @@ class DelayDriven(Policy):
         self.compute_s = 0.0
 
     def update(self, m: StepMeasurement) -> None:
-        # Compute time is noisy on shared CPUs: smoothed as tta does.
-        self.compute_s = m.compute_seconds if self.compute_s == 0 else 0.7 * self.compute_s + 0.3 * m.compute_seconds
+        self.compute_s = smoothed(self.compute_s, m.compute_seconds)
         if m.comm_seconds <= 0 or m.wire_bytes <= 0:
             return
         scaled = self.density * (self.target * self.compute_s / m.comm_seconds) ** self.gain
@@ -338,10 +343,8 @@ class TimeToAccuracyController(Policy):
             self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
         self.selection.add(m.elements_sent, m.selection_seconds)
         if m.grad_spread > 0:
-            w = self.SPREAD_WEIGHT if self.spread else 1.0
-            self.spread = (1 - w) * self.spread + w * m.grad_spread
-        # Smooth compute time: it is noisy on shared CPUs.
-        self.compute_s = m.compute_seconds if self.compute_s == 0 else 0.7 * self.compute_s + 0.3 * m.compute_seconds
+            self.spread = smoothed(self.spread, m.grad_spread, self.SPREAD_WEIGHT)
+        self.compute_s = smoothed(self.compute_s, m.compute_seconds)
 
     @property
     def knee(self) -> float:

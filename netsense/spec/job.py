@@ -172,6 +172,7 @@ TRAINING = Obj({
 _ERROR_FEEDBACK = F(Bool(doc="keep what is not sent and add it to the next step's gradient"), default=True)
 _WARMUP = F(Int(min=0, doc="dense steps before compressing"), default=0)
 _WINDOW = F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10)
+_MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
 
 COMPRESSION = Union("method", {
     "allreduce": Obj({}, doc="plain DDP: the dense gradient, fp32"),
@@ -212,8 +213,7 @@ COMPRESSION = Union("method", {
                          default=1.0),
         "gain": F(Float(min=0, max=1, exclusive_min=True, doc="exponent of the multiplicative update (damping)"),
                   default=0.5),
-        "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
-                        default=0.001),
+        "minDensity": _MIN_DENSITY,
     }, doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
            "near delayTarget x the compute time"),
     "tta": Obj({
@@ -228,8 +228,7 @@ COMPRESSION = Union("method", {
         "delayCost": F(Float(min=0, exclusive_min=True,
                              doc="with learnKnee: dense steps lost per step of delay error feedback puts on the "
                                  "gradient's energy (fitted on the digits MLP)"), default=0.014),
-        "minDensity": F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"),
-                        default=0.001),
+        "minDensity": _MIN_DENSITY,
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
         "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
