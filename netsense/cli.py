@@ -127,7 +127,12 @@ def cmd_shape(args) -> int:
 def cmd_worker(_args) -> int:
     from netsense.train.trainer import worker_main
 
-    return worker_main()
+    code = worker_main()
+    # Everything is written and the process group is gone; the interpreter's own teardown with torch
+    # loaded takes ~2 s of a small machine's CPU, and every run and bench cell would wait for it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_operator(args) -> int:
@@ -149,7 +154,8 @@ def cmd_bench(args) -> int:
             seeds = [int(x) for x in args.seeds.split(",")]
         except ValueError:
             raise SpecError([Issue("--seeds", f"{args.seeds!r} is not a comma-separated list of integers")]) from None
-    return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds)
+    return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds,
+                     cell_plots=args.cell_plots)
 
 
 def cmd_clean(args) -> int:
@@ -197,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", dest="k8s_namespace", default="default", help="namespace for --cluster")
     s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
                    "same --out reuses them)")
+    s.add_argument("--cell-plots", action="store_true",
+                   help="also draw each cell's timeline.png (about a second of CPU a cell; the bench's own "
+                        "plots come from the cells' timeline.csv either way)")
     s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",

@@ -99,7 +99,7 @@ def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path
 
     order, lone = [], iter([100.0, 140.0])  # the machine drifted between before and after
 
-    def fake_run(cell, cell_dir):
+    def fake_run(cell, cell_dir, plot=False):
         order.append(cell.method)
         sps = next(lone) if cell.method == "ceiling" else 120.0
         return _r(cell.method, cell.scenario, cell.seed, 1.0, sps)
@@ -124,7 +124,7 @@ def test_cells_run_interleaved_and_every_results_file_names_the_commit(tmp_path,
 
     ran = []
 
-    def fake_run(cell, cell_dir):
+    def fake_run(cell, cell_dir, plot=False):
         ran.append((cell.method, cell.scenario, cell.seed))
         return _r(cell.method, cell.scenario, cell.seed, 1.0 + cell.seed)
 
@@ -138,7 +138,7 @@ def test_cells_run_interleaved_and_every_results_file_names_the_commit(tmp_path,
     first_half = {m for m, _, _ in ran[:len(ran) // 2]}
     assert first_half == set(grid["methods"])  # interleaved: both methods early on
     again = []
-    monkeypatch.setattr(cells, "run_local", lambda cell, d: again.append((cell.method, cell.scenario, cell.seed))
+    monkeypatch.setattr(cells, "run_local", lambda cell, d, plot=False: again.append((cell.method, cell.scenario, cell.seed))
                         or _r(cell.method, cell.scenario, cell.seed, 1.0))
     assert run_bench(write(tmp_path, grid), str(tmp_path / "again")) == 0
     assert again == ran  # seeded: the same order every time
@@ -170,7 +170,7 @@ def test_a_scenario_may_change_the_worker_count_and_a_bad_one_is_named(tmp_path)
 def test_a_reused_cell_keeps_the_commit_that_ran_it_and_the_table_says_so(tmp_path, monkeypatch):
     from netsense.bench import cells, report
 
-    monkeypatch.setattr(cells, "run_local", lambda cell, d: _r(cell.method, cell.scenario, cell.seed, 1.0))
+    monkeypatch.setattr(cells, "run_local", lambda cell, d, plot=False: _r(cell.method, cell.scenario, cell.seed, 1.0))
     monkeypatch.setattr(report, "plots", lambda *a: [])
     out = tmp_path / "out"
     assert run_bench(write(tmp_path, GRID), str(out)) == 0
@@ -287,3 +287,38 @@ def test_steps_to_target_is_the_first_of_target_hold_evaluations_in_a_row():
     assert steps_to_target({**result, "target_hold": 3}) == 30  # the lucky first crossing does not count
     assert steps_to_target({**result, "target_hold": 4}) is None  # right-censored: never held 4 in a row
     assert steps_to_target(result) == 10  # results from before the rule: the first crossing
+
+
+def test_an_early_target_and_the_accuracy_after_equal_epochs_are_read_off_the_same_runs(tmp_path):
+    """One run per cell serves both targets and the equal-epochs accuracy (the protocol's readings)."""
+    from netsense.bench.report import markdown
+    from netsense.bench.stats import at_targets
+
+    def run(method, seed, curve, steps):
+        return {**_r(method, "s", seed, curve[-1][1], sps=100.0), "target_hold": 2, "accuracy_curve": curve,
+                "steps": steps, "epochs": steps / 10}  # 10 steps an epoch
+
+    slow = [[10, 1.0, 0.85], [20, 2.0, 0.7], [30, 3.0, 0.86], [40, 4.0, 0.88], [50, 5.0, 0.91], [60, 6.0, 0.92]]
+    fast = [[10, 0.5, 0.86], [20, 1.0, 0.87], [30, 1.5, 0.91], [40, 2.0, 0.93]]
+    results = [run("a", 0, slow, 60), run("a", 1, slow, 60), run("b", 0, fast, 40), run("b", 1, fast, 40)]
+    rows = summarize(results)
+    at_targets(results, rows, [0.85], epochs=5)
+    by = {r["method"]: r for r in rows}
+    early = {m: by[m]["targets"]["0.85"] for m in by}
+    # held twice in a row from step 30 on (a: the lucky step 10 does not count) and from step 10 (b)
+    assert early["a"]["tta_mean_s"] == 3.0 and early["b"]["tta_mean_s"] == 0.5
+    assert early["a"]["paired_ratio"] == pytest.approx(6.0) and early["a"]["vs"] == "b"
+    # a trained 6 epochs: its accuracy after 5 is the evaluation at step 50; b stopped after 4: censored
+    assert by["a"]["after_epochs"]["mean"] == 0.91 and by["a"]["after_epochs"]["n"] == "2/2"
+    assert by["b"]["after_epochs"]["mean"] is None and by["b"]["after_epochs"]["n"] == "0/2"
+    md = markdown("t", rows, {"targets": [0.85], "accuracyAfterEpochs": 5, "base": {"training": {}}})
+    assert "TTA s to 0.85" in md and "accuracy after 5 epochs" in md and "| a | 3.00 | 0.00 | 6.00" in md
+
+
+def test_targets_above_the_one_every_run_stops_at_are_refused(tmp_path):
+    grid = {**json.loads(json.dumps(GRID)), "targets": [0.7, 0.95]}  # the runs stop at 0.8
+    with pytest.raises(SpecError, match="targets: above base.training.targetAccuracy"):
+        load_grid(write(tmp_path, grid))
+    with pytest.raises(SpecError, match="accuracyAfterEpochs"):
+        load_grid(write(tmp_path, {**GRID, "accuracyAfterEpochs": -1}))
+    assert load_grid(write(tmp_path, {**GRID, "targets": [0.7], "accuracyAfterEpochs": 3}))[1]

@@ -14,6 +14,8 @@ A grid file::
     profiles: {static-50: {type: static, rate: 50Mbit}, ...}
     seeds: [0, 1]
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
+    targets: [0.9]                                # optional: more targets, read off each run's accuracy curve
+    accuracyAfterEpochs: 3                        # optional: test accuracy after this many epochs, per method
 
 A scenario is a bandwidth profile, or ``{network: {...}, workers: N}`` (either or
 both): a whole spec.network (the shared topology, cross traffic) merged over the

@@ -13,12 +13,12 @@ from netsense.bench.provenance import UNKNOWN
 from netsense.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, parse_job
 
 
-def run_local(cell: Cell, out_dir: str) -> dict:
+def run_local(cell: Cell, out_dir: str, plot: bool = False) -> dict:
     from netsense.emulation.runner import RunFailed, run_job
 
     job = parse_job(cell.job)
     try:
-        return run_job(job, out_dir, quiet=True)
+        return run_job(job, out_dir, quiet=True, plot_timeline=plot)
     except RunFailed as e:
         return {"status": "Failed", "reason": str(e)}
 

@@ -48,6 +48,20 @@ def _scenario(name: str, setting) -> dict:
     return dict(setting)
 
 
+def _check_readings(grid: dict, training: dict) -> None:
+    """``targets`` (more targets, read off each run's accuracy curve) and ``accuracyAfterEpochs``."""
+    targets = grid.get("targets", [])
+    if not isinstance(targets, list) or not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in targets):
+        raise SpecError([Issue("targets", "must be a list of accuracies in (0, 1]")])
+    stop = training.get("stopAtTarget", True)  # the spec's default
+    if stop and any(x > training["targetAccuracy"] for x in targets):
+        raise SpecError([Issue("targets", f"above base.training.targetAccuracy ({training['targetAccuracy']}), "
+                                          "where every run stops (stopAtTarget): never reached by construction")])
+    epochs = grid.get("accuracyAfterEpochs")
+    if epochs is not None and (not isinstance(epochs, (int, float)) or isinstance(epochs, bool) or epochs <= 0):
+        raise SpecError([Issue("accuracyAfterEpochs", "must be a positive number of epochs")])
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
     """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
@@ -74,6 +88,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
     if "targetAccuracy" not in t or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):
         raise SpecError([Issue("base.training", "a fair benchmark needs targetAccuracy and a budget "
                                                 "(maxSeconds, maxSteps or epochs) shared by every method")])
+    _check_readings(grid, t)
     cells = []
     for method, compression in grid["methods"].items():
         for scenario, setting in grid["profiles"].items():

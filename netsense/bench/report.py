@@ -64,7 +64,33 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                              f"{fmt(r.get('step_queue_ms'), 1)} | "
                              f"{fmt(r.get('drops'), 0)} | {fmt(r.get('cross_mbit'), 1)} |")
         lines.append("")
+        lines += _readings(grid, [r for r in rows if r["scenario"] == scenario])
     return "\n".join(lines)
+
+
+def _readings(grid: dict, rows: list[dict]) -> list[str]:
+    """The further targets and the accuracy after equal epochs, read off the same runs' accuracy curves."""
+    targets, epochs = grid.get("targets", []), grid.get("accuracyAfterEpochs")
+    if not targets and not epochs:
+        return []
+    head = "| method |" + "".join(f" TTA s to {t} | ± | paired vs best other [95% CI] | reached |" for t in targets)
+    rule = "| --- |" + " ---: | ---: | ---: | :---: |" * len(targets)
+    if epochs:
+        head += f" accuracy after {epochs:g} epochs | ± | seeds |"
+        rule += " ---: | ---: | :---: |"
+    lines = ["Further readings of the same runs (each run's accuracy curve; TTA held the same number of "
+             "evaluations; accuracy after equal epochs: the last evaluation within them, over the seeds that "
+             "trained that long):", "", head, rule]
+    for r in rows:
+        line = f"| {r['method']} |"
+        for t in targets:
+            e = r["targets"][str(t)]
+            line += f" {fmt(e['tta_mean_s'])} | {fmt(e['tta_std_s'])} | {paired(e)} | {e['reached']} |"
+        if epochs:
+            a = r["after_epochs"]
+            line += f" {fmt(a['mean'], 3)} | {fmt(a['std'], 3)} | {a['n']} |"
+        lines.append(line)
+    return lines + [""]
 
 
 def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:

@@ -11,11 +11,11 @@ import time
 from netsense.bench import cells, report
 from netsense.bench.grid import load_grid
 from netsense.bench.provenance import describe, provenance
-from netsense.bench.stats import summarize
+from netsense.bench.stats import at_targets, summarize
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
-              seeds: list[int] | None = None) -> int:
+              seeds: list[int] | None = None, cell_plots: bool = False) -> int:
     name, todo, grid = load_grid(grid_path, seeds)
     if grid.get("order", "shuffled") == "shuffled":
         # Interleaved: the machine drifts over an hour (10-17% here), and a method whose cells ran in
@@ -40,7 +40,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             print("    (reusing the finished result in this output directory)", file=sys.stderr)
             r.update(cells.previous_provenance(cell_dir))  # the commit that ran it, not this one
         else:
-            r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir)
+            r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir, cell_plots)
             r.update(source)
             if not cluster:
                 cells.record_provenance(cell_dir, source)
@@ -59,6 +59,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     measured = [c for c in ceilings if c]
     ceiling = sum(measured) / len(measured) if measured else None
     rows = summarize(results)
+    at_targets(results, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"))
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
     for r in rows:

@@ -19,19 +19,49 @@ def _spread(values: list[float]) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else (0.0 if values else None)
 
 
-def steps_to_target(result: dict) -> int | None:
-    """The step at which the target was reached (the first of ``target_hold`` evaluations in a row at or
-    above it, as the trainer counts; results from before that rule: the first crossing): accuracy per
-    step, apart from speed."""
-    target, hold = result.get("target_accuracy"), result.get("target_hold", 1)
+def reached_at(result: dict, target: float | None = None) -> tuple[int, float] | None:
+    """(step, training seconds) at which ``target`` (default: the run's own) was reached: the first of
+    ``target_hold`` evaluations in a row at or above it, as the trainer counts (results from before that
+    rule: the first crossing). None: right-censored (not held within what the run trained)."""
+    target = result.get("target_accuracy") if target is None else target
+    hold = result.get("target_hold", 1)
     if target is None:
         return None
-    run: list[int] = []
-    for step, _, accuracy in result.get("accuracy_curve") or []:
-        run = run + [step] if accuracy >= target else []
+    run: list[tuple[int, float]] = []
+    for step, t, accuracy in result.get("accuracy_curve") or []:
+        run = run + [(step, t)] if accuracy >= target else []
         if len(run) >= hold:
             return run[0]
     return None
+
+
+def steps_to_target(result: dict) -> int | None:
+    """Training steps to the run's target: accuracy per step, apart from speed."""
+    at = reached_at(result)
+    return None if at is None else at[0]
+
+
+def time_to(result: dict, target: float) -> float | None:
+    """Training seconds to ``target`` read off the accuracy curve: a lower target than the one the run
+    stopped at is reached on the way (the early target of a grid's ``targets``)."""
+    if result.get("status") != "Succeeded":
+        return None
+    at = reached_at(result, target)
+    return None if at is None else at[1]
+
+
+def accuracy_after_epochs(result: dict, epochs: float) -> float | None:
+    """Test accuracy at the last evaluation within the first ``epochs`` epochs, for a run that trained at
+    least that long (None: it stopped earlier, at its target or its budget: censored)."""
+    curve = result.get("accuracy_curve") or []
+    steps, done = result.get("steps"), result.get("epochs")
+    if result.get("status") != "Succeeded" or not curve or not steps or not done:
+        return None
+    limit = epochs * round(steps / done)  # steps per epoch
+    if steps < limit:
+        return None
+    within = [a for st, _, a in curve if st <= limit]
+    return within[-1] if within else None
 
 
 def worst_queue_p99(result: dict) -> float | None:
@@ -120,15 +150,16 @@ def bootstrap_interval(ratios: list[float], level: float = 0.95, resamples: int 
     return means[int(tail * (resamples - 1))], means[int((1 - tail) * (resamples - 1))]
 
 
-def paired_against_best_other(results: list[dict], rows: list[dict]) -> None:
+def paired_against_best_other(results: list[dict], rows: list[dict],
+                              tta_of=lambda r: r.get("time_to_accuracy_s")) -> None:
     """Add to each row its paired comparison with the best other method of its scenario (the lowest mean
     TTA among the rest): the geometric mean over common seeds of TTA / the other's TTA, its bootstrap 95%
     interval, and the fraction of the scenario's seeds on which the method was the fastest of all.
-    A method leads only where the whole interval is below 1."""
+    A method leads only where the whole interval is below 1. ``tta_of``: a result's TTA (another target's)."""
     tta: dict[tuple[str, str], dict[int, float]] = {}
     for r in results:
-        if r.get("status") == "Succeeded" and r.get("time_to_accuracy_s") is not None:
-            tta.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = r["time_to_accuracy_s"]
+        if r.get("status") == "Succeeded" and (t := tta_of(r)) is not None:
+            tta.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = t
     for scenario in {r["scenario"] for r in rows}:
         in_scenario = [r for r in rows if r["scenario"] == scenario]
         seeds = {r.get("seed", 0) for r in results if r["scenario"] == scenario}
@@ -148,3 +179,28 @@ def paired_against_best_other(results: list[dict], rows: list[dict]) -> None:
                 continue
             lo, hi = bootstrap_interval(ratios)
             row.update(vs=other["method"], paired_ratio=_gmean(ratios), ratio_lo=lo, ratio_hi=hi, pairs=len(ratios))
+
+
+def at_targets(results: list[dict], rows: list[dict], targets: list[float], epochs: float | None) -> None:
+    """Add to each row ``targets``: per further target (read off the accuracy curves), TTA's mean and spread
+    (when every seed reached it) and the paired comparison; and with ``epochs`` the test accuracy after that
+    many epochs (mean, spread, how many seeds trained that long)."""
+    for row in rows:
+        row["targets"] = {}
+    for target in targets:
+        sub = []
+        for row in rows:
+            runs = [r for r in results if (r["scenario"], r["method_label"]) == (row["scenario"], row["method"])]
+            ttas = [t for r in runs if (t := time_to(r, target)) is not None]
+            every = len(ttas) == len(runs) and bool(runs)
+            sub.append({"scenario": row["scenario"], "method": row["method"], "reached": f"{len(ttas)}/{len(runs)}",
+                        "tta_mean_s": _mean(ttas) if every else None, "tta_std_s": _spread(ttas) if every else None})
+        paired_against_best_other(results, sub, lambda r, t=target: time_to(r, t))
+        for row, entry in zip(rows, sub, strict=True):
+            row["targets"][str(target)] = entry
+    if epochs:
+        for row in rows:
+            runs = [r for r in results if (r["scenario"], r["method_label"]) == (row["scenario"], row["method"])]
+            accs = [a for r in runs if (a := accuracy_after_epochs(r, epochs)) is not None]
+            row["after_epochs"] = {"epochs": epochs, "mean": _mean(accs), "std": _spread(accs),
+                                   "n": f"{len(accs)}/{len(runs)}"}

@@ -157,8 +157,9 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
         time.sleep(0.2)
 
 
-def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
-    """Run a validated job locally; returns result.json's content or raises RunFailed."""
+def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = True) -> dict:
+    """Run a validated job locally; returns result.json's content or raises RunFailed.
+    ``plot_timeline``: draw timeline.png too (a second of CPU; the bench skips it)."""
     os.makedirs(out_dir, exist_ok=True)
     with open(job_file(out_dir), "w") as fh:
         json.dump(job.manifest(), fh)
@@ -198,9 +199,9 @@ def run_job(job: Job, out_dir: str, quiet: bool = False) -> dict:
     if bottleneck["links"] or observers.flows:
         result["bottleneck"] = bottleneck
     write_result(out_dir, result)
-    png = plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
-               f"{job.name}: {job.compression['method']}, {job.workers} workers",
-               queue=queue, cross=cross)
+    png = plot_timeline and plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
+                                 f"{job.name}: {job.compression['method']}, {job.workers} workers",
+                                 queue=queue, cross=cross)
     if png:
         result["plot"] = png
     return result
