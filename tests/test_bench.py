@@ -35,7 +35,8 @@ def write(tmp_path, grid) -> str:
 
 
 def test_shipped_grids_load():
-    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml"):
+    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml", "eval.yaml",
+                 "eval2.yaml", "eval-peers.yaml"):
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
         assert cells
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
