@@ -36,9 +36,9 @@ def write(tmp_path, grid) -> str:
 
 def test_shipped_grids_load():
     for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml", "eval.yaml",
-                 "eval2.yaml", "eval-peers.yaml"):
+                 "eval2.yaml", "eval-peers.yaml", "sensitivity.yaml", "headline.yaml"):
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
-        assert cells
+        assert cells and len({c.job["metadata"]["name"] for c in cells}) == len(cells)
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
     assert len(cells) == 7 * 6 * 6  # methods x profiles x seeds
     assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
@@ -323,3 +323,72 @@ def test_targets_above_the_one_every_run_stops_at_are_refused(tmp_path):
     with pytest.raises(SpecError, match="accuracyAfterEpochs"):
         load_grid(write(tmp_path, {**GRID, "accuracyAfterEpochs": -1}))
     assert load_grid(write(tmp_path, {**GRID, "targets": [0.7], "accuracyAfterEpochs": 3}))[1]
+
+
+SENSITIVITY = {
+    "netsense": {"method": {"method": "netsense", "errorFeedback": False},
+                 "vary": {"alpha": [0.25, 1.0], "window": [5, 20]}},
+}
+
+
+def test_a_sensitivity_section_expands_one_constant_at_a_time(tmp_path):
+    grid = {**json.loads(json.dumps(GRID)), "methods": {}, "sensitivity": SENSITIVITY}
+    _, cells, _ = load_grid(write(tmp_path, grid))
+    by = {c.method: c.job["spec"]["compression"] for c in cells}
+    assert sorted(by) == ["netsense", "netsense-alpha-0.25", "netsense-alpha-1", "netsense-window-20",
+                          "netsense-window-5"]
+    assert by["netsense-alpha-0.25"] == {"method": "netsense", "errorFeedback": False, "alpha": 0.25}
+    assert by["netsense"] == {"method": "netsense", "errorFeedback": False}
+    # a variant that repeats the method's own value, or a name given twice, is refused naming the field
+    own = {"netsense": {"method": {"method": "netsense", "alpha": 0.5}, "vary": {"alpha": [0.5, 1.0]}}}
+    with pytest.raises(SpecError, match="sensitivity.netsense.vary.alpha"):
+        load_grid(write(tmp_path, {**grid, "sensitivity": own}))
+    with pytest.raises(SpecError, match="also named under methods"):
+        load_grid(write(tmp_path, {**grid, "methods": {"netsense": {"method": "netsense"}}}))
+    # a bad value is named with its variant, as any method's
+    bad = {"netsense": {"method": {"method": "netsense"}, "vary": {"alpha": [2.0]}}}
+    with pytest.raises(SpecError, match="netsense-alpha-2 x static-100: spec.compression.alpha"):
+        load_grid(write(tmp_path, {**grid, "sensitivity": bad}))
+
+
+def test_long_cell_names_stay_distinct_dns_names(tmp_path):
+    grid = {**json.loads(json.dumps(GRID)), "methods": {}, "profiles": {
+        "a-very-long-fluctuating-profile-name-10-300": {"type": "static", "rate": "100Mbit"}},
+        "sensitivity": {"netsense": {"method": {"method": "netsense"},
+                                     "vary": {"initialRatio": [0.005, 0.02], "bdpFraction": [0.45, 1.8]}}}}
+    _, cells, _ = load_grid(write(tmp_path, grid))
+    names = [c.job["metadata"]["name"] for c in cells]
+    assert len(set(names)) == len(names) and all(len(n) <= 50 for n in names)
+
+
+def test_each_variant_is_paired_with_its_method_on_the_same_seeds():
+    from netsense.bench.report import markdown
+    from netsense.bench.stats import sensitivity
+
+    grid = {"sensitivity": SENSITIVITY, "base": {"training": {}}}
+    own = [10, 12, 11, 9]
+    results = [_r("netsense", "s", seed, t) for seed, t in enumerate(own)]
+    results += [_r("netsense-alpha-0.25", "s", seed, 2 * t) for seed, t in enumerate(own)]  # twice as slow
+    results += [_r("netsense-alpha-1", "s", seed, t if seed else None) for seed, t in enumerate(own)]
+    varied = {v["variant"]: v for v in sensitivity(results, grid)}
+    assert varied["netsense-alpha-0.25"]["ratio"] == pytest.approx(2.0)
+    assert varied["netsense-alpha-0.25"]["ratio_lo"] == pytest.approx(2.0) and varied["netsense-alpha-0.25"]["pairs"] == 4
+    # seed 0 never reached the target: censored, out of the ratio, and the reached count says so
+    assert varied["netsense-alpha-1"]["ratio"] == pytest.approx(1.0) and varied["netsense-alpha-1"]["pairs"] == 3
+    assert varied["netsense-alpha-1"]["reached"] == "3/4" and varied["netsense-alpha-1"]["method_reached"] == "4/4"
+    assert varied["netsense-window-5"]["ratio"] is None and varied["netsense-window-5"]["pairs"] == 0  # never ran
+    md = markdown("t", summarize(results), grid, varied=list(varied.values()))
+    assert "## Sensitivity" in md and "| s | netsense | alpha | 0.25 | 2.00 [2.00, 2.00] | 4 | 4/4 | 4/4 |" in md
+
+
+def test_every_row_says_its_throughput_over_allreduce_on_the_same_link():
+    from netsense.bench.stats import x_allreduce
+
+    rows = summarize([_r("allreduce", "a", 0, 10, sps=100.0), _r("topk", "a", 0, 5, sps=250.0),
+                      _r("allreduce", "b", 0, 10, sps=50.0), _r("topk", "b", 0, 5, sps=400.0),
+                      _r("topk", "c", 0, 5, sps=400.0)])
+    x_allreduce(rows)
+    by = {(r["scenario"], r["method"]): r["x_allreduce"] for r in rows}
+    assert by[("a", "topk")] == pytest.approx(2.5) and by[("b", "topk")] == pytest.approx(8.0)
+    assert by[("a", "allreduce")] == pytest.approx(1.0)
+    assert by[("c", "topk")] is None  # no allreduce on that link: nothing to compare with

@@ -4,7 +4,9 @@ Fair means: every method runs to the SAME fixed target accuracy with the SAME
 wall budget (a run that does not reach the target is reported as not reached,
 never cut short when another method peaks), over several seeds, and the measure
 that counts is time to accuracy (TTA). Regret = a method's mean TTA / the best
-method's mean TTA in that scenario.
+method's mean TTA in that scenario. Every row also says its samples/s over allreduce's on the same link
+(x allreduce: the paper's headline measure) and, with ``ceiling: true``, over the no-communication ceiling.
+A sensitivity section adds a table of each variant's TTA over its method's own, paired on the same seeds.
 
 A grid file::
 
@@ -16,6 +18,8 @@ A grid file::
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
     targets: [0.9]                                # optional: more targets, read off each run's accuracy curve
     accuracyAfterEpochs: 3                        # optional: test accuracy after this many epochs, per method
+    sensitivity:                                  # optional: constants varied one at a time (methods may be empty)
+      netsense: {method: {method: netsense}, vary: {alpha: [0.25, 1.0]}}  # -> netsense, netsense-alpha-0.25, ...
 
 A scenario is a bandwidth profile, or ``{network: {...}, workers: N}`` (either or
 both): a whole spec.network (the shared topology, cross traffic) merged over the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -31,7 +32,11 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def _dns(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:50]
+    """A DNS-1123 name for a cell's job; a long one keeps a digest of the rest, so two never collide."""
+    name = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    if len(name) <= 50:
+        return name
+    return f"{name[:41].rstrip('-')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 SCENARIO_KEYS = ("network", "workers")
@@ -62,14 +67,65 @@ def _check_readings(grid: dict, training: dict) -> None:
         raise SpecError([Issue("accuracyAfterEpochs", "must be a positive number of epochs")])
 
 
+def variant_name(method: str, constant: str, value) -> str:
+    return f"{method}-{constant}-{value:g}" if isinstance(value, (int, float)) else f"{method}-{constant}-{value}"
+
+
+def sensitivity_methods(grid: dict) -> dict[str, dict]:
+    """The ``sensitivity:`` section -> methods: each named method at its settings, and one variant per
+    constant and value (that constant changed, everything else as the method's)::
+
+        sensitivity:
+          netsense: {method: {method: netsense, errorFeedback: false}, vary: {alpha: [0.25, 1.0], window: [5, 20]}}
+
+    gives netsense, netsense-alpha-0.25, netsense-alpha-1, netsense-window-5, netsense-window-20.
+    """
+    section = grid.get("sensitivity") or {}
+    if not isinstance(section, dict):
+        raise SpecError([Issue("sensitivity", "a mapping of method name -> {method: {...}, vary: {constant: [values]}}")])
+    out: dict[str, dict] = {}
+    for name, entry in section.items():
+        path = f"sensitivity.{name}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("method"), dict):
+            raise SpecError([Issue(f"{path}.method", "required: the method's compression settings (a mapping)")])
+        vary = entry.get("vary")
+        if not isinstance(vary, dict) or not vary:
+            raise SpecError([Issue(f"{path}.vary", "required: a mapping of constant -> list of values")])
+        out[name] = dict(entry["method"])
+        for constant, values in vary.items():
+            if not isinstance(values, list) or not values:
+                raise SpecError([Issue(f"{path}.vary.{constant}", "must be a non-empty list of values")])
+            if entry["method"].get(constant) in values:
+                raise SpecError([Issue(f"{path}.vary.{constant}", "lists the method's own value: that run is "
+                                                                   "the method itself")])
+            for value in values:
+                out[variant_name(name, constant, value)] = {**entry["method"], constant: value}
+    return out
+
+
+def sensitivity_groups(grid: dict) -> list[tuple[str, str, object, str]]:
+    """(method, constant, value, variant name) for each variant of the ``sensitivity:`` section."""
+    return [(name, constant, value, variant_name(name, constant, value))
+            for name, entry in (grid.get("sensitivity") or {}).items()
+            for constant, values in entry["vary"].items() for value in values]
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
     """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
     if not isinstance(grid, dict):
         raise SpecError([Issue(path, "a grid is a mapping with base, methods, profiles, seeds")])
-    for key in ("methods", "profiles"):
-        if not isinstance(grid.get(key), dict) or not grid[key]:
-            raise SpecError([Issue(key, "required: a non-empty mapping of name -> settings")])
+    if not isinstance(grid.get("profiles"), dict) or not grid["profiles"]:
+        raise SpecError([Issue("profiles", "required: a non-empty mapping of name -> settings")])
+    methods = grid.get("methods") or {}
+    if not isinstance(methods, dict) or not (methods or grid.get("sensitivity")):
+        raise SpecError([Issue("methods", "required: a non-empty mapping of name -> settings "
+                                          "(or a sensitivity section)")])
+    varied = sensitivity_methods(grid)
+    clash = sorted(set(methods) & set(varied))
+    if clash:
+        raise SpecError([Issue("sensitivity", f"{clash} also named under methods: name them once")])
+    methods = {**methods, **varied}
     seeds = grid.get("seeds", [0])
     if not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise SpecError([Issue("seeds", "must be a list of non-negative integers")])
@@ -90,7 +146,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
                                                 "(maxSeconds, maxSteps or epochs) shared by every method")])
     _check_readings(grid, t)
     cells = []
-    for method, compression in grid["methods"].items():
+    for method, compression in methods.items():
         for scenario, setting in grid["profiles"].items():
             over = _scenario(scenario, setting)
             for seed in seeds:

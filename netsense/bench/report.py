@@ -23,7 +23,7 @@ def paired(row: dict) -> str:
 
 
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
-             ceilings: list[float] | None = None, source: str = "") -> str:
+             ceilings: list[float] | None = None, source: str = "", varied: list[dict] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
     order = ("in a shuffled, interleaved order" if grid.get("order", "shuffled") == "shuffled"
              else "in the grid's order (method by method)")
@@ -35,7 +35,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "within the budget). Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
              "common seeds of TTA / the best other method's TTA (named), with its bootstrap 95% interval: a "
              "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
-             "fastest of all. Steps = training steps to the "
+             "fastest of all. x allreduce = samples/s over allreduce's on the same link "
+             "(the paper's headline measure). Steps = training steps to the "
              "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
              "worst shaped link (time-weighted, so the dense warm-up step weighs in), step queue = the median "
              "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
@@ -47,15 +48,17 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                   "one worker alone, times the number of workers.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
-                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | steps | samples/s | x ceiling | best acc | final acc "
+                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | steps | samples/s "
+                  "| x allreduce | x ceiling | best acc | final acc "
                   "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| ---: "
                   "| ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
                              f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {fmt(r.get('steps_to_target'), 0)} | "
-                             f"{fmt(r['samples_per_s'], 0)} | "
+                             f"{fmt(r['samples_per_s'], 0)} | {fmt(r.get('x_allreduce'))} | "
                              f"{fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
                              f"{fmt(r['best_accuracy'], 3)} | {fmt(r['final_accuracy'], 3)} | "
                              f"{fmt(r['mean_density'], 4)} | "
@@ -65,7 +68,62 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                              f"{fmt(r.get('drops'), 0)} | {fmt(r.get('cross_mbit'), 1)} |")
         lines.append("")
         lines += _readings(grid, [r for r in rows if r["scenario"] == scenario])
+    if varied:
+        lines += _sensitivity(varied)
     return "\n".join(lines)
+
+
+def _sensitivity(varied: list[dict]) -> list[str]:
+    """One constant at a time: each variant's time to the target over the method's own, same seeds."""
+    lines = ["## Sensitivity", "",
+             "One constant changed at a time, everything else at the method's settings. Ratio = the geometric "
+             "mean over common seeds of the variant's TTA / the method's own TTA, with its bootstrap 95% "
+             "interval (above 1: slower); reached = seeds that reached the target within the budget (a seed "
+             "either never reached is censored and not in the ratio).", "",
+             "| scenario | method | constant | value | TTA ratio [95% CI] | n | reached | method reached "
+             "| TTA s | method TTA s |",
+             "| --- | --- | --- | ---: | ---: | ---: | :---: | :---: | ---: | ---: |"]
+    for v in sorted(varied, key=lambda v: (v["scenario"], v["method"], v["constant"], str(v["value"]))):
+        ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f} [{v['ratio_lo']:.2f}, {v['ratio_hi']:.2f}]"
+        lines.append(f"| {v['scenario']} | {v['method']} | {v['constant']} | {v['value']} | {ratio} | "
+                     f"{v['pairs']} | {v['reached']} | {v['method_reached']} | {fmt(v['tta_mean_s'])} | "
+                     f"{fmt(v['method_tta_mean_s'])} |")
+    return lines + [""]
+
+
+def sensitivity_plot(out_dir: str, varied: list[dict]) -> list[str]:
+    """sensitivity.png: per scenario, each variant's TTA ratio with its interval (log scale; 1 = no change)."""
+    if not varied:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    scenarios = sorted({v["scenario"] for v in varied})
+    variants = sorted({v["variant"] for v in varied})
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 0.22 * len(variants) + 1.2),
+                             squeeze=False, sharey=True)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        for y, name in enumerate(variants):
+            v = next((x for x in varied if x["scenario"] == scenario and x["variant"] == name), None)
+            if v is None or v["ratio"] is None:
+                ax.text(1, y, "x", ha="center", va="center", color="red")
+                continue
+            ax.errorbar(v["ratio"], y, xerr=[[v["ratio"] - v["ratio_lo"]], [v["ratio_hi"] - v["ratio"]]],
+                        fmt="o", ms=3, color="tab:blue", capsize=2)
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yticks(range(len(variants)), variants, fontsize=6)
+        ax.set_title(scenario, fontsize=9)
+        ax.set_xlabel("TTA / the method's own (log)", fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "sensitivity.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]
 
 
 def _readings(grid: dict, rows: list[dict]) -> list[str]:

@@ -11,7 +11,7 @@ import time
 from netsense.bench import cells, report
 from netsense.bench.grid import load_grid
 from netsense.bench.provenance import describe, provenance
-from netsense.bench.stats import at_targets, summarize
+from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
@@ -60,6 +60,8 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     ceiling = sum(measured) / len(measured) if measured else None
     rows = summarize(results)
     at_targets(results, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"))
+    x_allreduce(rows)
+    varied = sensitivity(results, grid)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
     for r in rows:
@@ -68,10 +70,13 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             r["ratio_to_ceiling"] = r["samples_per_s"] / ceiling if r["samples_per_s"] else None
     with open(os.path.join(out_dir, "table.json"), "w") as fh:
         json.dump(rows, fh, indent=1, default=str)
-    md = report.markdown(name, rows, grid, ceiling, measured, describe(source, results))
+    if varied:
+        with open(os.path.join(out_dir, "sensitivity.json"), "w") as fh:
+            json.dump(varied, fh, indent=1, default=str)
+    md = report.markdown(name, rows, grid, ceiling, measured, describe(source, results), varied)
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
-    made = report.plots(out_dir, rows, results)
+    made = report.plots(out_dir, rows, results) + report.sensitivity_plot(out_dir, varied)
     print(md)
     print(f"netsense: wrote {out_dir}/summary.json, summary.md" + "".join(f", {os.path.basename(p)}" for p in made),
           file=sys.stderr)

@@ -204,3 +204,42 @@ def at_targets(results: list[dict], rows: list[dict], targets: list[float], epoc
             accs = [a for r in runs if (a := accuracy_after_epochs(r, epochs)) is not None]
             row["after_epochs"] = {"epochs": epochs, "mean": _mean(accs), "std": _spread(accs),
                                    "n": f"{len(accs)}/{len(runs)}"}
+
+
+def sensitivity(results: list[dict], grid: dict) -> list[dict]:
+    """One row per variant of the grid's ``sensitivity:`` section and scenario: the geometric mean over
+    common seeds of the variant's TTA / the method's own (at its settings), with its bootstrap 95%
+    interval, and how many seeds each reached the target (a seed one of them never reached in the budget
+    is right-censored and left out of the ratio: the reached counts say how many)."""
+    from netsense.bench.grid import sensitivity_groups
+
+    runs: dict[tuple[str, str], dict[int, float | None]] = {}
+    for r in results:
+        t = r.get("time_to_accuracy_s") if r.get("status") == "Succeeded" else None
+        runs.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = t
+    scenarios = sorted({r["scenario"] for r in results})
+    rows = []
+    for method, constant, value, variant in sensitivity_groups(grid):
+        for scenario in scenarios:
+            mine, base = runs.get((scenario, variant), {}), runs.get((scenario, method), {})
+            both = sorted(s for s in mine.keys() & base.keys() if mine[s] and base[s])
+            ratios = [mine[s] / base[s] for s in both]
+            lo, hi = bootstrap_interval(ratios) if ratios else (None, None)
+            rows.append({
+                "scenario": scenario, "method": method, "constant": constant, "value": value, "variant": variant,
+                "ratio": _gmean(ratios) if ratios else None, "ratio_lo": lo, "ratio_hi": hi, "pairs": len(ratios),
+                "reached": f"{sum(1 for t in mine.values() if t)}/{len(mine)}",
+                "method_reached": f"{sum(1 for t in base.values() if t)}/{len(base)}",
+                "tta_mean_s": _mean([t for t in mine.values() if t]),
+                "method_tta_mean_s": _mean([t for t in base.values() if t]),
+            })
+    return rows
+
+
+def x_allreduce(rows: list[dict], reference: str = "allreduce") -> None:
+    """Add to each row its throughput over the reference method's on the same link (samples/s ratio, the
+    paper's headline measure), where the grid ran that method."""
+    ref = {r["scenario"]: r["samples_per_s"] for r in rows if r["method"] == reference}
+    for r in rows:
+        own, theirs = r.get("samples_per_s"), ref.get(r["scenario"])
+        r["x_allreduce"] = own / theirs if own and theirs else None
