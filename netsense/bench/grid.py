@@ -98,13 +98,14 @@ def sensitivity_methods(grid: dict) -> dict[str, dict]:
             if entry["method"].get(constant) in values:
                 raise SpecError([Issue(f"{path}.vary.{constant}", "lists the method's own value: that run is "
                                                                    "the method itself")])
-            for value in values:
-                out[variant_name(name, constant, value)] = {**entry["method"], constant: value}
+    for method, constant, value, variant in sensitivity_groups(grid):
+        out[variant] = {**section[method]["method"], constant: value}
     return out
 
 
 def sensitivity_groups(grid: dict) -> list[tuple[str, str, object, str]]:
-    """(method, constant, value, variant name) for each variant of the ``sensitivity:`` section."""
+    """(method, constant, value, variant name) for each variant of a ``sensitivity:`` section (checked by
+    sensitivity_methods, which load_grid calls)."""
     return [(name, constant, value, variant_name(name, constant, value))
             for name, entry in (grid.get("sensitivity") or {}).items()
             for constant, values in entry["vary"].items() for value in values]

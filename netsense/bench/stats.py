@@ -10,6 +10,8 @@ import os
 import random
 import statistics
 
+from netsense.bench.grid import sensitivity_groups
+
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
@@ -173,12 +175,21 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
             if not others or not mine:
                 continue
             other = min(others, key=lambda r: r["tta_mean_s"])
-            theirs = tta.get((scenario, other["method"]), {})
-            ratios = [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys()) if mine[s] > 0 < theirs[s]]
-            if not ratios:
-                continue
-            lo, hi = bootstrap_interval(ratios)
-            row.update(vs=other["method"], paired_ratio=_gmean(ratios), ratio_lo=lo, ratio_hi=hi, pairs=len(ratios))
+            ratio, lo, hi, pairs = paired_ratio(mine, tta.get((scenario, other["method"]), {}))
+            if pairs:
+                row.update(vs=other["method"], paired_ratio=ratio, ratio_lo=lo, ratio_hi=hi, pairs=pairs)
+
+
+def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
+                 ) -> tuple[float | None, float | None, float | None, int]:
+    """(geometric mean, bootstrap 95% interval low and high, pairs) of mine / theirs over the seeds both
+    have a time for; (None, None, None, 0) without one. A seed either did not reach (None) is left out."""
+    ratios = [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys())
+              if mine[s] is not None and theirs[s] is not None and mine[s] > 0 < theirs[s]]
+    if not ratios:
+        return None, None, None, 0
+    lo, hi = bootstrap_interval(ratios)
+    return _gmean(ratios), lo, hi, len(ratios)
 
 
 def at_targets(results: list[dict], rows: list[dict], targets: list[float], epochs: float | None) -> None:
@@ -211,8 +222,6 @@ def sensitivity(results: list[dict], grid: dict) -> list[dict]:
     common seeds of the variant's TTA / the method's own (at its settings), with its bootstrap 95%
     interval, and how many seeds each reached the target (a seed one of them never reached in the budget
     is right-censored and left out of the ratio: the reached counts say how many)."""
-    from netsense.bench.grid import sensitivity_groups
-
     runs: dict[tuple[str, str], dict[int, float | None]] = {}
     for r in results:
         t = r.get("time_to_accuracy_s") if r.get("status") == "Succeeded" else None
@@ -222,12 +231,10 @@ def sensitivity(results: list[dict], grid: dict) -> list[dict]:
     for method, constant, value, variant in sensitivity_groups(grid):
         for scenario in scenarios:
             mine, base = runs.get((scenario, variant), {}), runs.get((scenario, method), {})
-            both = sorted(s for s in mine.keys() & base.keys() if mine[s] and base[s])
-            ratios = [mine[s] / base[s] for s in both]
-            lo, hi = bootstrap_interval(ratios) if ratios else (None, None)
+            ratio, lo, hi, pairs = paired_ratio(mine, base)
             rows.append({
                 "scenario": scenario, "method": method, "constant": constant, "value": value, "variant": variant,
-                "ratio": _gmean(ratios) if ratios else None, "ratio_lo": lo, "ratio_hi": hi, "pairs": len(ratios),
+                "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "pairs": pairs,
                 "reached": f"{sum(1 for t in mine.values() if t)}/{len(mine)}",
                 "method_reached": f"{sum(1 for t in base.values() if t)}/{len(base)}",
                 "tta_mean_s": _mean([t for t in mine.values() if t]),
