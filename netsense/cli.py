@@ -101,7 +101,10 @@ def cmd_shape(args) -> int:
         links.append(TcLink(args.dev, impairments=profile.impairments))
     if args.direction in ("ingress", "both"):
         links.append(TcLink(args.dev, ingress=True, impairments=profile.impairments))
-    follower = ProfileFollower(profile, links, epoch=args.epoch, start_file=args.start_file)
+    # This pod's own sends keep to the rate in force; traffic shaped on ingress only comes from senders
+    # this sidecar cannot reach (shape their egress too).
+    senders = [(None, args.dev)] if args.direction in ("egress", "both") else None
+    follower = ProfileFollower(profile, links, epoch=args.epoch, start_file=args.start_file, senders=senders)
     sampler = None
     try:
         follower.start_shaping()

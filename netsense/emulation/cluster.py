@@ -48,7 +48,7 @@ from typing import IO, TextIO
 from netsense.errors import NetsenseError
 from netsense.shaping.profiles import Profile
 from netsense.shaping.shaper import ProfileFollower
-from netsense.shaping.tc import NO_NETEM, TcLink, gso_segs_below, set_gso_max_segs
+from netsense.shaping.tc import NO_NETEM, TcLink
 
 PREFIX = "nsense-"
 SUBNET = "10.200.0"  # workers; /16, so the cross-traffic hosts (10.200.1.x) share the segment
@@ -206,15 +206,11 @@ class LocalCluster:
         # Delay and loss once per direction of a path: not again on a host's downlink (direction both).
         links = [TcLink(dev, netns=ns, **({"impairments": imp} if imp.any and not label.endswith("-down") else {}))
                  for label, ns, dev in self.shaped]
-        if self.topology == "shared":
-            rates = {rate for _, rate in self.profile.points}
-            # The senders' GSO packets must fit the smallest bucket (netsense.shaping.tc); their own
-            # devices are not shaped here, and go away with their namespaces.
-            if len(rates) > 1:
-                for ns in self.namespaces[1:]:
-                    set_gso_max_segs("eth0", ns, gso_segs_below(min(rates)))
-        self.follower = ProfileFollower(self.profile, links, log=self.shaping_log,
-                                        start_file=self.start_file).start()
+        # Every host sends across the shaped links: on a changing rate its GSO packets follow the rate
+        # (netsense.shaping.tc), on its own device whether or not that device is shaped.
+        senders = [(ns, "eth0") for ns in self.namespaces[1:]]
+        self.follower = ProfileFollower(self.profile, links, log=self.shaping_log, start_file=self.start_file,
+                                        senders=senders).start()
 
     def _add_host(self, ns: str, port: str, address: str, bridge: str) -> None:
         self._add_ns(ns)

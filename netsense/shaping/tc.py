@@ -4,44 +4,42 @@ Why the ``tc`` binary and not a netlink library (pyroute2): iproute2 is in every
 image that has NET_ADMIN tooling, every command we run is one a user can paste to
 reproduce or debug by hand (they are logged), and tc's error messages are the ones
 people search for. The cost, a fork per change, is ~5 ms, and profiles change at
-most a few times a second.
+most a few times a second. (Reading a queue's counters is netlink: it is polled.)
 
 Layout on the shaped device::
 
-    root 1: tbf rate R burst B limit Q [peakrate 1.1R mtu 1514]
+    root 1: tbf rate R burst B limit Q
       (child 10: netem delay/jitter/loss, where asked and the kernel has it)
 
-A link must be faithful for what a training step sends: a short payload after
-an idle gap (evaluation, compute), not only bulk. The bucket is full after any
-pause, so its size B is exactly what a payload gets for free; measured at the
-receiver after 100 ms idle (netsense.emulation.bulk's payload mode):
+The bucket B is one frame plus what the link carries in 150 us, and at least
+320 us of the rate (testbed/link.py measures both sides of the trade):
 
-- HTB as shipped before (burst ~5 ms, >= 15 kB, quantum 60000) let 47 kB cross
-  a 50 Mbit link at 33x the rate and 100 kB a 200 Mbit link at 13x; cutting its
-  burst to 1 ms still left 10 kB at 8x. TBF paces to its burst, so it is TBF.
-- B is two MTUs (3028 bytes) up to ~200 Mbit: 47 kB-4 MB then cross at
-  0.94-1.01x. At 1 Gbit two MTUs are too few: each refill is a timer wakeup,
-  and at one per 24 us the link reached 0.2-0.7x. So B covers a wakeup interval
-  that grows with the rate, 320 us x R / 1 Gbit (40 kB at 1 Gbit: 0.92-0.97x
-  from 300 kB, bulk 0.9-0.95x; 31 kB read 0.84-0.87x in bulk under load, 62 kB
-  let 47-100 kB through at 1.4x).
-- Below ~100 Mbit even two MTUs are 2-3 ms of the rate, and 10 kB crossed 10
-  and 20 Mbit at 1.3x. A peak-rate bucket (1.1 R, one MTU) paces the burst:
-  1.05-1.19x. Above 100 Mbit its per-packet timer costs more than it saves
-  (at 200 Mbit it stalled 47 kB to 0.36x), so it is only used below.
+- It is what a payload gets for free after an idle gap (evaluation, compute),
+  so it must be small: HTB with a ~5 ms burst let 47 kB cross a 50 Mbit link at
+  33x the rate. With B as above, 10 kB after 100 ms idle crossed 10-300 Mbit at
+  1.12-1.22x and 47 kB-4 MB at 0.97-1.03x.
+- Every refill of the bucket is a timer wakeup, and the kernel serves the timer
+  late (tens of us in these VMs, more under load). A bucket that holds no more
+  than what the link sends between two wakeups loses the lateness on every
+  refill: two frames (the rule before this one) gave 0.86x of 200-250 Mbit in
+  bulk, and a peak-rate bucket of one frame at 1.1 R, used then below 100 Mbit to
+  pace the two-frame burst, gave 0.85-0.90x of 50 Mbit on one VM and 0.77x on
+  another. One frame plus 150 us of slack gives 0.95-0.96x at 10-300 Mbit
+  with no peak rate; the fixed 320 us x R / 1 Gbit part (40 kB at 1 Gbit)
+  keeps fast links fed between wakeups (0.93-0.96x at 500 Mbit-1 Gbit).
 
-On a link whose rate changes, GSO packets are capped (``gso_max_segs``,
-restored at teardown) below the bucket of the lowest rate it will carry
-(``gso_max_size`` does not do it: TCP builds two-segment packets at least). TBF segments a
-GSO packet larger than its bucket when it is queued, but one queued while the
-bucket was larger stays whole, and when the bucket shrinks below it (1 Gbit ->
-200 Mbit: 31 kB -> 3 kB) it can never be sent: the link stalled for good in a
-2000 -> 1400 Mbit step. The cap costs where it is small: with one-frame
-packets a link through the emulated cluster's bridge carried ~1.1 Gbit at most on 2
-cores (0.95x of 2 Gbit over a plain veth pair) and bulk TCP reached 0.87-0.9x
-of 200-500 Mbit (0.95x with full GSO), so a profile that visits 20 Mbit runs
-its fast steps a little slow here. A static link keeps full GSO. Senders whose traffic is shaped on ingress only
-(``--direction ingress``) keep their own GSO; shape their egress too.
+A packet larger than the bucket cannot leave it: TBF cuts a GSO packet larger
+than the bucket when it is queued, but one queued whole under a larger bucket
+stalls the link for good when the bucket shrinks below it (1 Gbit -> 200
+Mbit: 40 kB -> 5 kB). netsense.shaping.shaper prevents that on a link whose
+rate changes: it keeps the senders' GSO packets to half the bucket of the rate
+in force (``GsoCap``: ``gso_max_segs`` plus a route-cache flush, which makes
+open TCP sockets take the new size), and a shrinking bucket waits, at the new
+rate, until what was queued under the old one has left. Half the bucket, not
+all of it: with packets as large as the bucket one fits per wakeup (0.76-0.85x
+of 1 Gbit with 25-frame packets, 0.96x with 13). One-frame packets from TCP
+carry ~300 Mbit/s at most on these 2-core VMs, so a fast link keeps large ones.
+A static link keeps the device's own GSO size (TBF cuts what does not fit).
 
 Rate changes are ``tc qdisc change`` in place: the qdisc is never replaced, so
 TCP connections (and gloo/NCCL rings) survive a change and it binds within
@@ -56,7 +54,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from netsense.errors import NetsenseError
 from netsense.shaping.profiles import Impairments
@@ -88,21 +86,25 @@ def run_tc(args: list[str], netns: str | None = None, check: bool = True) -> sub
 
 
 MTU_FRAME = 1514  # an Ethernet frame of a 1500-byte MTU, as the qdisc counts it
-PEAKRATE_BELOW_BPS = 100e6  # pace the burst with a peak-rate bucket below this rate
-PEAK_FACTOR = 1.1
+TIMER_SLACK_S = 150e-6  # the bucket holds a frame plus this much of the rate: a late timer costs no throughput
+FAST_REFILL_S = 320e-6  # ... and at least this x R / 1 Gbit of it (a fast link between wakeups)
 GSO_SEGS_LIMIT = 65535  # the kernel's default
 
 
 def tbf_params(rate_bps: float) -> dict[str, int]:
-    """Bucket, queue and peak rate sized from the rate (see the module docstring)."""
+    """Bucket and queue sized from the rate (see the module docstring)."""
     bytes_per_s = rate_bps / 8
-    wakeup_s = 320e-6 * rate_bps / 1e9
     return {
         "rate": max(8, int(rate_bps)),
-        "burst": int(max(2 * MTU_FRAME, bytes_per_s * wakeup_s)),
+        "burst": int(max(MTU_FRAME + bytes_per_s * TIMER_SLACK_S, bytes_per_s * FAST_REFILL_S * rate_bps / 1e9)),
         "limit": int(max(200_000, bytes_per_s * 0.1)),
-        "peakrate": int(rate_bps * PEAK_FACTOR) if rate_bps < PEAKRATE_BELOW_BPS else 0,
     }
+
+
+def gso_segs_for(rate_bps: float) -> int:
+    """The most segments a sender's GSO packet may carry at this rate: about half the bucket, never more than two
+    thirds of it (module docstring)."""
+    return max(1, round(tbf_params(rate_bps)["burst"] / (2 * MTU_FRAME)))
 
 
 @dataclass
@@ -113,8 +115,8 @@ class TcLink:
     netns: str | None = None
     ingress: bool = False
     impairments: Impairments = Impairments()
+    burst: int = 0  # the bucket installed now (bytes); 0 before setup
     _applied: bool = False
-    _gso_max_segs: int | None = None  # the device's own, restored at teardown
 
     @property
     def ifb(self) -> str:
@@ -127,12 +129,10 @@ class TcLink:
     def _tc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return run_tc(["tc", *args], self.netns, check)
 
-    def _tbf_args(self, rate_bps: float) -> list[str]:
+    def _tbf_args(self, rate_bps: float, burst: int | None) -> list[str]:
         p = tbf_params(rate_bps)
-        args = ["tbf", "rate", f"{p['rate']}bit", "burst", str(p["burst"]), "limit", str(p["limit"])]
-        if p["peakrate"]:
-            args += ["peakrate", f"{p['peakrate']}bit", "mtu", str(MTU_FRAME)]
-        return args
+        self.burst = burst or p["burst"]
+        return ["tbf", "rate", f"{p['rate']}bit", "burst", str(self.burst), "limit", str(p["limit"])]
 
     def _netem_args(self, rate_bps: float) -> list[str]:
         """The impairments as a netem child of the TBF (only called when there are some)."""
@@ -146,11 +146,8 @@ class TcLink:
             args += ["loss", f"{imp.loss * 100:.4f}%"]
         return args
 
-    def setup(self, rate_bps: float, lowest_bps: float | None = None) -> None:
-        """Install the tree at the first rate. Safe to call on a device shaped before.
-
-        ``lowest_bps``: the lowest rate change() will set, for a link whose rate will change (it caps
-        the GSO size: see the module docstring); None for a link whose rate stays."""
+    def setup(self, rate_bps: float) -> None:
+        """Install the tree at the first rate. Safe to call on a device shaped before."""
         if self.ingress:
             run_tc(["ip", "link", "add", self.ifb, "type", "ifb"], self.netns, check=False)
             run_tc(["ip", "link", "set", self.ifb, "up"], self.netns)
@@ -160,20 +157,15 @@ class TcLink:
                      "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", self.ifb)
         dev = self.shaped_dev
         self._applied = True  # from here on, teardown has something to remove
-        if self._gso_max_segs is None:
-            self._gso_max_segs = gso_max_segs(dev, self.netns)
-        segs = self._gso_max_segs or GSO_SEGS_LIMIT  # a link whose rate stays keeps its bucket: nothing outgrows it
-        if lowest_bps is not None:
-            segs = gso_segs_below(min(rate_bps, lowest_bps))
-        set_gso_max_segs(dev, self.netns, segs)
-        self._tc("qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps))
+        self._tc("qdisc", "replace", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps, None))
         if self.impairments.any:
             self._tc("qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", *self._netem_args(rate_bps))
 
-    def change(self, rate_bps: float) -> None:
-        """Change the rate in place (connections survive)."""
+    def change(self, rate_bps: float, burst: int | None = None) -> None:
+        """Change the rate in place (connections survive); ``burst`` keeps a larger bucket than the rate's
+        while packets queued under it drain (netsense.shaping.shaper)."""
         dev = self.shaped_dev
-        self._tc("qdisc", "change", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps))
+        self._tc("qdisc", "change", "dev", dev, "root", "handle", "1:", *self._tbf_args(rate_bps, burst))
         if self.impairments.any:
             self._tc("qdisc", "change", "dev", dev, "parent", "1:1", "handle", "10:", *self._netem_args(rate_bps))
 
@@ -182,18 +174,43 @@ class TcLink:
         if not self._applied:
             return
         self._tc("qdisc", "del", "dev", self.shaped_dev, "root", check=False)
-        if self._gso_max_segs:
-            set_gso_max_segs(self.shaped_dev, self.netns, self._gso_max_segs, check=False)
-            self._gso_max_segs = None
         if self.ingress:
             self._tc("qdisc", "del", "dev", self.dev, "ingress", check=False)
             run_tc(["ip", "link", "del", self.ifb], self.netns, check=False)
         self._applied = False
+        self.burst = 0
 
 
-def gso_segs_below(lowest_bps: float) -> int:
-    """The most segments a GSO packet may carry to fit the bucket at the lowest rate (module docstring)."""
-    return max(1, tbf_params(lowest_bps)["burst"] // MTU_FRAME - 1)
+@dataclass
+class GsoCap:
+    """The senders' GSO packets kept to ``gso_segs_for`` the rate their links carry (module docstring).
+
+    ``devs``: (netns, device) of every sender whose traffic crosses a link whose rate changes."""
+
+    devs: list[tuple[str | None, str]]
+    segs: int | None = None  # the cap in force; None before apply
+    _own: dict[tuple[str | None, str], int] = field(default_factory=dict)  # each device's, restored at restore()
+
+    def apply(self, rate_bps: float) -> None:
+        segs = gso_segs_for(rate_bps)
+        if segs == self.segs:
+            return
+        for netns, dev in self.devs:
+            if (netns, dev) not in self._own:
+                self._own[(netns, dev)] = gso_max_segs(dev, netns) or GSO_SEGS_LIMIT
+            set_gso_max_segs(dev, netns, segs)
+        for netns in {netns for netns, _ in self.devs}:
+            # Open sockets read the device's GSO size when their route is looked up again: a flush makes them.
+            run_tc(["ip", "route", "flush", "cache"], netns, check=False)
+            run_tc(["ip", "-6", "route", "flush", "cache"], netns, check=False)
+        self.segs = segs
+
+    def restore(self) -> None:
+        """The devices' own sizes back; never raises (a namespace may be gone already)."""
+        for (netns, dev), segs in self._own.items():
+            set_gso_max_segs(dev, netns, segs, check=False)
+        self._own.clear()
+        self.segs = None
 
 
 def set_gso_max_segs(dev: str, netns: str | None, segs: int, check: bool = True) -> None:
