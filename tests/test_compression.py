@@ -208,31 +208,36 @@ def test_world_size_one_works_for_every_method():
         assert held_out < 0.9 * untrained, f"{method}: {held_out:.3f} vs untrained {untrained:.3f}"
 
 
-def spread_of_the_first_steps(rank, world, steps):
-    """Each step's recorded spread, and the spread of this rank's own gradient computed apart (a copy of
-    the model, the same batch: the gradient before any averaging or error feedback)."""
+def progress_of_the_first_steps(rank, world, steps):
+    """Each step's recorded progress dot products, and the same computed apart: this rank's own raw
+    gradient (a copy of the model, the same batch) against its previous one and against the previous
+    update (the averaged gradient DDP left in the model)."""
     import copy
 
     from netsense.compression import register
 
     model = _ddp(_tiny_mlp())
-    # A tiny (learned) knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
-    state = register(model, {"method": "tta", "learnKnee": True, "delayCost": 1e-6})
+    # A tiny prior knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
+    state = register(model, {"method": "tta", "learnKnee": True, "kneeDensity": 1e-4})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    expected = []
+    grads, updates = [], []
     for step in range(steps):
         x, y = _batch(rank, step, n=32)
         alone = copy.deepcopy(model.module)
         torch.nn.functional.cross_entropy(alone(x), y).backward()
-        g = torch.cat([p.grad.view(-1) for p in alone.parameters()])  # one bucket: the whole gradient
-        expected.append(float(g.abs().sum() ** 2 / (g.numel() * g.pow(2).sum())))
+        grads.append(torch.cat([p.grad.view(-1) for p in alone.parameters()]))
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
+        updates.append(torch.cat([p.grad.view(-1).clone() for p in model.parameters()]))
         opt.step()
     state.finish()
     assert sum(not h["dense"] for h in state.history) >= steps - 2, "the steps after the first were to be sparse"
-    assert any(float(r.abs().sum()) > 0 for r in state.memory.residuals.values()), "no residual held back"
-    return [h["grad_spread"] for h in state.history], expected
+    # From step 2: DDP rebuilds its buckets after step 0, and step 1's are the first to compare with.
+    expected = [(0.0, 0.0)] * 2 + [(float(grads[t] @ updates[t - 1]), float(grads[t] @ grads[t - 1]))
+                                   for t in range(2, steps)]
+    recorded = [(h["progress_made"], h["progress_dense"]) for h in state.history]
+    densities = [h["progress_density"] for h in state.history], [h["density"] for h in state.history]
+    return recorded, expected, densities
 
 
 def aimd_after_the_warm_up(rank, world):
@@ -256,13 +261,17 @@ def test_the_paper_policy_senses_the_dense_warm_up_step_without_reacting_to_it()
         assert in_startup and ratio == pytest.approx(0.02)
 
 
-def test_the_spread_is_measured_on_each_ranks_own_gradient_as_computed():
-    """The controller's knee comes from ||g||_1^2 / (n ||g||_2^2) of the gradient each rank computed: not
-    the averaged one, not the one error feedback has added to (sparse steps after the first)."""
-    for recorded, expected in run_world(spread_of_the_first_steps, 2, 6):
+def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_applied():
+    """The learned knee reads each update's progress along the next gradient each rank computed: not the
+    averaged one, not the one error feedback has added to; and against the update the optimizer got (the
+    averaged, sparse one), each paired with that update's density."""
+    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 6):
         assert len(recorded) == 6
-        assert recorded == pytest.approx(expected, rel=1e-4)
-        assert all(0 < v < 1 for v in recorded)
+        for (made, dense), (want_made, want_dense) in zip(recorded, expected, strict=True):
+            assert made == pytest.approx(want_made, rel=1e-4, abs=1e-9)
+            assert dense == pytest.approx(want_dense, rel=1e-4, abs=1e-9)
+        assert progress_density[1:] == density[:-1]
+        assert any(m != d for m, d in recorded[2:]), "a sparse update cannot show a dense one's progress"
 
 
 def test_netsense_payload_shrinks_on_a_slow_measurement():

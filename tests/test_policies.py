@@ -350,35 +350,54 @@ def test_tta_finds_freed_capacity_within_10_steps():
         assert steps <= 10, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after 10 steps at 200"
 
 
-def test_tta_learns_the_knee_from_the_gradients_spread():
-    """With learnKnee, the knee is delayCost x the measured spread: a task whose gradient is spread evenly (error feedback
-    holds most of it back for ~1/d steps) is sent denser than one whose energy sits in few entries, on the
-    same link: by sqrt of the spreads' ratio, as d* = sqrt(knee (C+F) / (N (s+w)))."""
-    n, world, bw = 10_000_000, 2, 20e6 / 8
+def progress(knee: float, density: float, dense: float = 1.0) -> StepMeasurement:
+    """A step whose measured update (at ``density``) made the progress a task with this knee predicts."""
+    bw = 20e6 / 8
+    return StepMeasurement(bw, bw, 1.0, 0.2, 1.0, progress_made=dense / (1 + knee / density), progress_dense=dense,
+                           progress_density=density)
 
-    def density(spread: float) -> tuple[float, TimeToAccuracyController]:
-        c = TimeToAccuracyController(n, world, knee=None, probe_every=1000)
-        c.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=spread))
-        return c.decide().density, c
 
-    concentrated, c1 = density(0.05)
-    even, c2 = density(0.8)
-    assert c1.knee == pytest.approx(0.014 * 0.05) and c2.knee == pytest.approx(0.014 * 0.8)
-    assert even / concentrated == pytest.approx(math.sqrt(0.8 / 0.05), rel=1e-6)
-    unmeasured = TimeToAccuracyController(n, world, knee=None)
-    assert unmeasured.knee == pytest.approx(0.014)  # the flattest gradient until measured: errs denser
-    pinned = TimeToAccuracyController(n, world, knee=0.003)
-    pinned.update(StepMeasurement(bw, bw, 1.0, 0.2, 1.0, grad_spread=0.8))
+def test_tta_learns_the_knee_from_the_progress_its_updates_made():
+    """A task whose sparse updates lose more of a dense step's progress has the larger knee and is sent
+    denser on the same link: by sqrt of the knees' ratio, as d* = sqrt(knee (C+F) / (N (s+w)))."""
+    n, world = 10_000_000, 2
+
+    def learned(knee: float) -> TimeToAccuracyController:
+        c = TimeToAccuracyController(n, world, knee=0.003, learn_knee=True, probe_every=1000)
+        for i in range(12):  # densities vary (probes): the estimate pairs each update with its own
+            c.update(progress(knee, 0.01 if i % 4 else 0.02, dense=2.0 - i / 10))
+        return c
+
+    tolerant, suffering = learned(0.001), learned(0.02)
+    assert tolerant.knee == pytest.approx(0.001, rel=1e-6) and suffering.knee == pytest.approx(0.02, rel=1e-6)
+    ratio = suffering.decide().density / tolerant.decide().density
+    assert ratio == pytest.approx(math.sqrt(0.02 / 0.001), rel=1e-6)
+
+
+def test_tta_keeps_its_prior_until_sparse_updates_were_measured():
+    c = TimeToAccuracyController(1_000_000, 2, knee=0.003, learn_knee=True)
+    for _ in range(10):
+        c.update(progress(0.05, 1.0))  # dense updates say nothing about sparse ones
+    for _ in range(TimeToAccuracyController.KNEE_MIN_UPDATES - 1):
+        c.update(progress(0.05, 0.01))
+    assert c.knee == 0.003
+    c.update(progress(0.05, 0.01))
+    assert c.knee == pytest.approx(0.05)
+    pinned = TimeToAccuracyController(1_000_000, 2, knee=0.003)
+    for _ in range(10):
+        pinned.update(progress(0.05, 0.01))
     assert pinned.knee == 0.003
 
 
-def test_tta_smooths_the_spread_over_steps():
-    """One odd step moves the knee by a fifth of the difference, not all of it."""
-    c = TimeToAccuracyController(1_000_000, 2, knee=None)
-    for _ in range(5):
-        c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=0.2))
-    c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, grad_spread=1.0))
-    assert c.spread == pytest.approx(0.2 + 0.2 * 0.8)
+def test_tta_bounds_a_knee_that_noise_made_absurd():
+    low, high = TimeToAccuracyController.KNEE_RANGE
+    c = TimeToAccuracyController(1_000_000, 2, learn_knee=True)
+    for _ in range(10):  # updates that made more progress than dense ones: noise, not a task without a knee
+        c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, progress_made=1.2, progress_dense=1.0, progress_density=0.01))
+    assert c.knee == low
+    for _ in range(60):
+        c.update(progress(5.0, 0.01))
+    assert c.knee == high
 
 
 def test_tta_keeps_its_choice_while_another_is_within_the_models_error():

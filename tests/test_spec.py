@@ -207,7 +207,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
     with pytest.warns(FutureWarning):
         job = parse_spec({"compression": old})
     assert job.compression == {"method": "tta", "errorFeedback": True, "warmupSteps": 0, "kneeDensity": 0.004,
-                               "learnKnee": False, "delayCost": 0.014,
+                               "learnKnee": False,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0}
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default

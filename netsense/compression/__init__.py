@@ -115,8 +115,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         "dc2": lambda: DelayDriven(numel, world, target=c["delayTarget"], gain=c["gain"],
                                    min_density=c["minDensity"]),
         "tta": lambda: TimeToAccuracyController(
-            numel, world, delay_cost=c["delayCost"], knee=None if c["learnKnee"] else c["kneeDensity"],
-            window=c["window"],
+            numel, world, knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
             probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"]),
     }[method]()
@@ -124,7 +123,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         native.library()  # build or load the sparse kernels now, not inside the first step
     # allreduce has neither setting, and without sparse steps neither matters.
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
-                             warmup_steps=c.get("warmupSteps", 0), need_grad_stats=(method == "netsense" and c["quantize"]) or (method == "tta" and c["learnKnee"]),
-                             seed=seed)
+                             warmup_steps=c.get("warmupSteps", 0), need_grad_stats=method == "netsense" and c["quantize"],
+                             seed=seed, measure_progress=method == "tta" and c["learnKnee"])
     model.register_comm_hook(state, compress_hook)
     return state

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from netsense.compression import communicator
 from netsense.compression.compressor import TopK
 from netsense.compression.memory import ResidualMemory
+from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     Decision,
@@ -59,16 +60,19 @@ class CompressionState(MeasuredState):
     warmup     this step is dense because compression has not begun (warmupSteps; step 0 always)
     memory     error feedback: what sparse steps did not send, by bucket (None without it)
     topk       the compressor: selection and packing, and summing the gathered chunks
+    progress   how much of a dense step's progress each update made (progress.py; None unless measured)
     """
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
-                 error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0):
+                 error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
+                 measure_progress: bool = False):
         super().__init__(process_group)
         self.policy = policy
         self.memory = ResidualMemory() if error_feedback else None
         self.topk = TopK(seed, dist.get_rank(process_group))
         self.warmup_steps = max(1, warmup_steps)  # iteration 0 is always dense
         self.need_grad_stats = need_grad_stats
+        self.progress = ProgressProbe() if measure_progress else None
         self.decision = Decision()
         self.warmup = False
         self._agreement: torch.futures.Future | None = None
@@ -155,7 +159,15 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         # and without a full-size temporary.
         c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
         c.l1_sq_per_n = c.l1_sq_per_n + torch.linalg.vector_norm(buf, 1, dtype=torch.float32).square() / buf.numel()
-    return state.dense(bucket) if state.decision.dense else state.sparse(bucket)
+    if state.progress is None or state.step == 0:  # DDP rebuilds its buckets after step 0: layouts change
+        return state.dense(bucket) if state.decision.dense else state.sparse(bucket)
+    index = bucket.index()
+    dots = state.progress.gradient(index, buf)  # before either path changes buf in place
+    if dots is not None:
+        c = state.counts
+        c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
+    fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
+    return fut.then(lambda f: state.progress.update(index, f.value()))
 
 
 class TorchHookState(MeasuredState):

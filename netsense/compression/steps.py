@@ -29,6 +29,8 @@ class StepCounts:
     l1_sq_per_n: float | torch.Tensor = 0.0  # sum over buckets of ||g_b||_1^2 / n_b (for the spread)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0
+    progress_made: float | torch.Tensor = 0.0  # <g_t, U_{t-1}>: the last update, seen by this gradient
+    progress_dense: float | torch.Tensor = 0.0  # <g_t, g_{t-1}>: what a dense update would have shown
 
 
 class MeasuredState:
@@ -78,6 +80,10 @@ class MeasuredState:
             "elements_sent": c.elements_sent,
             "grad_norm": math.sqrt(float(c.grad_sq)),
             "grad_spread": float(c.l1_sq_per_n) / float(c.grad_sq) if float(c.grad_sq) > 0 else 0.0,
+            "progress_made": float(c.progress_made),
+            "progress_dense": float(c.progress_dense),
+            # the density of the update those two measured: the previous step's
+            "progress_density": self.history[-1]["density"] if self.history else 1.0,
         }
         record.update(self._extra_fields(record))
         self.history.append(record)

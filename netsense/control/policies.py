@@ -38,6 +38,9 @@ class StepMeasurement:
     selection_seconds: float = 0.0  # time spent selecting/packing sparse values
     elements_sent: float = 0.0  # gradient elements selected (sparse path)
     grad_spread: float = 0.0  # ||g||_1^2 / (n ||g||_2^2) of the uncompressed gradient, per bucket (0: not measured)
+    progress_made: float = 0.0  # <g_t, U_{t-1}>: the previous step's update along this step's gradient (ProgressProbe)
+    progress_dense: float = 0.0  # <g_t, g_{t-1}>: the same for a dense update, in expectation (0: not measured)
+    progress_density: float = 1.0  # the density of the update measured (the previous step's)
 
 
 def dense_allreduce_bytes(n: int, world: int, fp16: bool = False) -> float:
@@ -245,34 +248,31 @@ class TimeToAccuracyController(Policy):
     and s its per-element cost (both fitted online by SelectionCost: on CPUs
     packing an element costs a fifth to all of its wire time).
 
-    Steps: TopK with error feedback delays the gradient rather than dropping it.
-    At density d each step sends the d*N entries whose accumulated values are
-    largest; an entry of magnitude |g_i| per step waits until it has grown past
-    the threshold t, about t/|g_i| steps, with t set so that d*N entries go per
-    step (sum_i min(1, |g_i|/t) = d*N). Weighted by energy, the mean extra delay
-    is then exactly
+    Steps: TopK with error feedback delays the gradient rather than dropping it,
+    and how much a task suffers from that delay is its own. The controller
+    predicts ``1 + knee / d`` times the dense steps at density d (the knee: the
+    density needing twice the dense steps). By default the knee is a fixed
+    prior, ``knee`` (spec: kneeDensity, 0.003: on the digits MLP, the tuning
+    set, 29 steps dense, 31 at 10%, 38 at 1%, 60 at 0.3%). It does not
+    transfer: TopK at 1% took 1.4-1.5x the dense steps on a CNN and 2.2x on a
+    wider MLP on larger inputs, where the prior says 1.3x.
 
-        S(d) = sigma/d - 1,    sigma = ||g||_1^2 / (N ||g||_2^2)
+    With ``learn_knee`` (spec: learnKnee) the knee is measured on this task
+    while it trains. Each sparse update U_t's progress is read against the next
+    step's gradient (netsense.compression.progress): r = <g_{t+1}, U_t> /
+    <g_{t+1}, g_t> estimates the fraction of a dense step's first-order progress
+    it made, which the steps model says is 1 / (1 + knee / d). So
 
-    while every entry waits (d below sigma's scale; above it S is smaller, so the
-    model errs towards sending more). sigma, the gradient's spread, is 1 when
-    all entries are equal and 1/N when one holds all the energy: a property of
-    the task, measured on every step's gradient as computed (before error
-    feedback; per bucket, as TopK selects per bucket), averaged over the ranks,
-    smoothed over steps. The controller predicts ``1 + knee / d`` times the
-    dense steps (the knee: the density needing twice the dense steps). By
-    default the knee is a fixed prior, ``knee`` (spec: kneeDensity, 0.003: on
-    the digits MLP, the tuning set, 29 steps dense, 31 at 10%, 38 at 1%, 60 at
-    0.3%). With ``knee=None`` (spec: learnKnee) it is learned online as
-    ``delay_cost * sigma`` (delay_cost 0.014: the MLP's 0.003 over its measured
-    sigma 0.21). That was this controller's attempt to know the task; on the
-    pre-registered evaluation set (testbed/grids/eval.yaml: a CNN the tuning
-    never saw) it lost: sigma read lower than the MLP's, the controller
-    compressed more, while the task's best fixed density was higher (3%), so it
-    took 1.21x [1.12, 1.32] the best method's time with 3 workers on a
-    fluctuating link against 1.05x [1.00, 1.10] with the fixed prior. Hence
-    opt-in: sigma measures how the energy is spread, not how much the task
-    suffers from delay.
+        knee = sum (dense - made) / sum (made / d)
+
+    over the sparse updates measured (running sums, weight ``KNEE_WEIGHT`` per
+    update, so the estimate follows the task as it trains; d each update's own
+    density, probes included), clamped to ``KNEE_RANGE``; the prior holds until
+    ``KNEE_MIN_UPDATES`` have been measured. An earlier attempt learned it as a
+    constant times the gradient's spread ||g||_1^2 / (N ||g||_2^2): the spread
+    says how the energy is spread, not how much the task suffers from delay,
+    and it lost to the fixed prior on the first evaluation set (1.21x [1.12,
+    1.32] against 1.05x [1.00, 1.10] of the best method's time).
 
     Time to accuracy is steps x step time, so the controller minimizes
     ``(1 + knee/d) * T(d)``, whose optimum is
@@ -315,14 +315,17 @@ class TimeToAccuracyController(Policy):
     TOLERANCE = 0.05
     REPROBE_GAIN = 1.25
 
-    SPREAD_WEIGHT = 0.2  # of a new step's spread in the running average (it drifts slowly over training)
+    KNEE_WEIGHT = 0.1  # of a new sparse update's progress in the knee's running sums (about ten updates)
+    KNEE_MIN_UPDATES = 5  # sparse updates measured before the measured knee replaces the prior
+    KNEE_RANGE = (3e-4, 0.1)  # 1% would cost 1.03x to 11x the dense steps: outside is noise, not a task
 
-    def __init__(self, numel: int, world: int, delay_cost=0.014, knee: float | None = 0.003, window=10,
+    def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
                  probe_every=8, probe_gain=2.0, min_density=0.001):
         self.numel, self.world = numel, world
-        self.delay_cost, self.fixed_knee = delay_cost, knee
+        self.prior_knee, self.learn_knee = knee, learn_knee
+        self.knee_updates = 0  # sparse updates whose progress was measured
+        self._lost = self._kept = 0.0  # running sums of (dense - made) and made / d
         self.probe_every, self.probe_gain = probe_every, probe_gain
-        self.spread = 0.0  # sigma, smoothed; 0 until a step has measured it
         self.min_density = min_density
         self.sensor = LinkEstimator(window)
         self.compute_s = 0.0
@@ -342,17 +345,21 @@ class TimeToAccuracyController(Policy):
         if self.probing:
             self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
         self.selection.add(m.elements_sent, m.selection_seconds)
-        if m.grad_spread > 0:
-            self.spread = smoothed(self.spread, m.grad_spread, self.SPREAD_WEIGHT)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
+        if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
+            w = self.KNEE_WEIGHT if self.knee_updates else 1.0
+            self._lost = (1 - w) * self._lost + w * (m.progress_dense - m.progress_made)
+            self._kept = (1 - w) * self._kept + w * m.progress_made / m.progress_density
+            self.knee_updates += 1
 
     @property
     def knee(self) -> float:
-        """The density at which TopK needs twice the dense steps: the fixed knee, or (learning) delay_cost x
-        the measured spread (1, the flattest gradient, until measured)."""
-        if self.fixed_knee is not None:
-            return self.fixed_knee
-        return self.delay_cost * (self.spread or 1.0)
+        """The density at which TopK needs twice the dense steps: the prior, or (learning, once measured)
+        this task's, from the progress its sparse updates made."""
+        if not self.learn_knee or self.knee_updates < self.KNEE_MIN_UPDATES or self._kept <= 0:
+            return self.prior_knee
+        low, high = self.KNEE_RANGE
+        return min(high, max(low, self._lost / self._kept))
 
     def _wire_per_element(self) -> float:
         return (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / self.sensor.bandwidth

@@ -222,12 +222,10 @@ COMPRESSION = Union("method", {
         "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
                                doc="density at which TopK with error feedback needs twice the dense "
                                    "steps (the model: steps x (1 + kneeDensity/density))"), default=0.003),
-        "learnKnee": F(Bool(doc="experimental, lost on the evaluation set: learn the knee online as delayCost x "
-                                "the gradient's measured spread ||g||_1^2/(n ||g||_2^2) instead of kneeDensity"),
+        "learnKnee": F(Bool(doc="measure the knee on this task while it trains (the progress each sparse update "
+                                "makes along the next step's gradient) instead of keeping kneeDensity, which is "
+                                "then the prior"),
                        default=False),
-        "delayCost": F(Float(min=0, exclusive_min=True,
-                             doc="with learnKnee: dense steps lost per step of delay error feedback puts on the "
-                                 "gradient's energy (fitted on the digits MLP)"), default=0.014),
         "minDensity": _MIN_DENSITY,
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),

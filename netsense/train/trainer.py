@@ -255,7 +255,8 @@ class Trainer:
                     density=rec.get("density"), bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
                     est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
-                    link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
+                    est_knee=rec.get("est_knee"), progress_made=rec.get("progress_made") or None,
+                    progress_dense=rec.get("progress_dense") or None, link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
                     accuracy=None)
                 end_of_epoch = i == len(batches) - 1
                 eval_due = self._eval_due(s.step, end_of_epoch) or s.step == max_steps
