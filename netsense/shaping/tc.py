@@ -32,13 +32,15 @@ A packet larger than the bucket cannot leave it: TBF cuts a GSO packet larger
 than the bucket when it is queued, but one queued whole under a larger bucket
 stalls the link for good when the bucket shrinks below it (1 Gbit -> 200
 Mbit: 40 kB -> 5 kB). netsense.shaping.shaper prevents that on a link whose
-rate changes: it keeps the senders' GSO packets to half the bucket of the rate
-in force (``GsoCap``: ``gso_max_segs`` plus a route-cache flush, which makes
-open TCP sockets take the new size), and a shrinking bucket waits, at the new
-rate, until what was queued under the old one has left. Half the bucket, not
-all of it: with packets as large as the bucket one fits per wakeup (0.76-0.85x
-of 1 Gbit with 25-frame packets, 0.96x with 13). One-frame packets from TCP
-carry ~300 Mbit/s at most on these 2-core VMs, so a fast link keeps large ones.
+rate changes: it keeps the senders' GSO packets to about half the bucket of
+the rate in force, never more than two thirds (``GsoCap``: ``gso_max_segs``
+plus a route-cache flush, which makes open TCP sockets take the new size), and
+a shrinking bucket waits, at the new rate, until what was queued under the old
+one has left. About half the bucket, not all of it: with packets as large as
+the bucket one fits per wakeup (0.79-0.90x of 1 Gbit with 25-frame packets,
+0.94-0.96x with 13). Not one frame either: one-frame packets from TCP carry
+~300 Mbit/s at most on these 2-core VMs (0.85-0.87x of 225 Mbit, 0.90-0.95x
+with two-frame packets).
 A static link keeps the device's own GSO size (TBF cuts what does not fit).
 
 Rate changes are ``tc qdisc change`` in place: the qdisc is never replaced, so
