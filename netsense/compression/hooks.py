@@ -153,20 +153,20 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
     buf = bucket.buffer()
     if bucket.index() == 0:
         state.begin_step(buf.device)
+    c = state.counts
     if state.need_grad_stats:  # of the gradient as computed, before error feedback: a property of the task
-        c = state.counts
-        # Tensors (no device sync here), in fp32 whatever the bucket's dtype (an fp16 square overflows),
+        # A tensor (no device sync here), in fp32 whatever the bucket's dtype (an fp16 square overflows),
         # and without a full-size temporary.
         c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
-        c.l1_sq_per_n = c.l1_sq_per_n + torch.linalg.vector_norm(buf, 1, dtype=torch.float32).square() / buf.numel()
-    if state.progress is None or state.step == 0:  # DDP rebuilds its buckets after step 0: layouts change
-        return state.dense(bucket) if state.decision.dense else state.sparse(bucket)
-    index = bucket.index()
-    dots = state.progress.gradient(index, buf)  # before either path changes buf in place
-    if dots is not None:
-        c = state.counts
-        c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
+    measuring = state.progress is not None and state.step > 0  # DDP rebuilds its buckets after step 0
+    if measuring:
+        dots = state.progress.gradient(bucket.index(), buf)  # before either path changes buf in place
+        if dots is not None:
+            c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
     fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
+    if not measuring:
+        return fut
+    index = bucket.index()
     return fut.then(lambda f: state.progress.update(index, f.value()))
 
 

@@ -26,7 +26,6 @@ class StepCounts:
     payload_bytes: float = 0.0  # what this rank's gradient was compressed to (before the collective)
     selection_seconds: float = 0.0  # selecting and packing (the sparse path)
     grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
-    l1_sq_per_n: float | torch.Tensor = 0.0  # sum over buckets of ||g_b||_1^2 / n_b (for the spread)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0
     progress_made: float | torch.Tensor = 0.0  # <g_t, U_{t-1}>: the last update, seen by this gradient
@@ -79,7 +78,6 @@ class MeasuredState:
             "selection_seconds": c.selection_seconds,
             "elements_sent": c.elements_sent,
             "grad_norm": math.sqrt(float(c.grad_sq)),
-            "grad_spread": float(c.l1_sq_per_n) / float(c.grad_sq) if float(c.grad_sq) > 0 else 0.0,
             "progress_made": float(c.progress_made),
             "progress_dense": float(c.progress_dense),
             # the density of the update those two measured: the previous step's

@@ -37,7 +37,6 @@ class StepMeasurement:
     grad_norm: float  # L2 norm of the (uncompressed) gradient
     selection_seconds: float = 0.0  # time spent selecting/packing sparse values
     elements_sent: float = 0.0  # gradient elements selected (sparse path)
-    grad_spread: float = 0.0  # ||g||_1^2 / (n ||g||_2^2) of the uncompressed gradient, per bucket (0: not measured)
     progress_made: float = 0.0  # <g_t, U_{t-1}>: the previous step's update along this step's gradient (ProgressProbe)
     progress_dense: float = 0.0  # <g_t, g_{t-1}>: the same for a dense update, in expectation (0: not measured)
     progress_density: float = 1.0  # the density of the update measured (the previous step's)
@@ -54,8 +53,8 @@ def sparse_allgather_bytes(k: int, world: int, fp16: bool = False) -> float:
 
 
 def smoothed(average: float, sample: float, weight: float = 0.3) -> float:
-    """Exponential moving average; the first sample (average still 0) is taken as it is. Compute times and
-    the gradient's spread are noisy on shared CPUs."""
+    """Exponential moving average; the first sample (average still 0) is taken as it is. Compute times are
+    noisy on shared CPUs."""
     return sample if average == 0 else (1 - weight) * average + weight * sample
 
 
