@@ -150,6 +150,57 @@ def train_on_path(rank, world, native_ranks, steps, config):
     return train_method(rank, world, config.pop("method"), steps, config)
 
 
+def sgd_run(rank, world, config, steps, momentum, weight_decay, device="cpu"):
+    """Parameters after ``steps`` SGD steps, the optimizer built as the trainer builds it."""
+    from netsense.compression import register
+
+    model = _ddp(_tiny_mlp(), device=device)
+    state = register(model, config, momentum=momentum, weight_decay=weight_decay)
+    m, wd = state.optimizer_terms(momentum, weight_decay)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m, weight_decay=wd)
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+        opt.step()
+    state.finish()
+    return [p.detach().view(-1).tolist() for p in model.parameters()], (m, wd)
+
+
+def corrected_conservation(rank, world, steps, masking, device="cpu"):
+    """Momentum correction on sparse steps: what was received (x world) + the ranks' residuals == the sum of
+    the ranks' velocities u_t = m u_{t-1} + g_t; and with
+    masking, a sent coordinate's velocity is zero afterwards."""
+    import torch.distributed as dist
+
+    from netsense.compression import register
+
+    model = torch.nn.Linear(50, 1, bias=False)
+    ddp = _ddp(model, device=device)
+    state = register(ddp, {"method": "topk", "density": 0.1, "momentumMasking": masking}, momentum=0.9)
+    u = torch.zeros(50, device=device)
+    velocities = torch.zeros(50, device=device)
+    received = torch.zeros(50, device=device)
+    masked_ok = True
+    for step in range(steps):
+        ddp.zero_grad()
+        x = torch.randn(1, 50, generator=torch.Generator().manual_seed(step * 10 + rank)).to(device)
+        ddp(x).sum().backward()  # d/dw = x (lr 0: no optimizer here)
+        u = 0.9 * u + x.view(-1)
+        velocities += u
+        got = model.weight.grad.view(-1)
+        received += got
+        if masking and step > 0:
+            kept = next(iter(state.momentum.velocities.values()))
+            sent_here = state.memory.residuals[0] == 0  # fp32: a sent coordinate's residual is exactly 0
+            masked_ok = masked_ok and bool((kept[sent_here] == 0).all())
+            u = kept.clone()  # the hook's u after masking, so the sum below follows it
+    residual = state.memory.residuals[0].clone()
+    for t in (velocities, residual):
+        dist.all_reduce(t)
+    return (received * world).tolist(), (velocities - residual).tolist(), masked_ok
+
+
 # ---- tests ------------------------------------------------------------------------
 
 def test_topk_at_density_one_equals_allreduce(device):
@@ -171,6 +222,25 @@ def test_colliding_indices_are_summed_with_signs(device):
 def test_error_feedback_conserves_the_gradient_sum(device):
     received, expected = run_world(conservation, 2, 7, device)[0]
     torch.testing.assert_close(torch.tensor(received), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_momentum_correction_on_dense_steps_is_momentum_sgd(device):
+    # topk's warm-up steps are dense: the hook's momentum and weight decay must reproduce the optimizer's.
+    plain = run_world(sgd_run, 2, {"method": "allreduce"}, 5, 0.9, 5e-3, device)
+    owned = run_world(sgd_run, 2, {"method": "topk", "warmupSteps": 10}, 5, 0.9, 5e-3, device)
+    assert plain[0][1] == (0.9, 5e-3) and owned[0][1] == (0.0, 0.0)  # the optimizer is told not to apply them
+    for a, b in zip(plain[0][0], owned[0][0], strict=True):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)
+    off = run_world(sgd_run, 2, {"method": "topk", "warmupSteps": 10, "momentumCorrection": False}, 5, 0.9, 5e-3,
+                    device)
+    assert off[0][1] == (0.9, 5e-3)
+
+
+@pytest.mark.parametrize("masking", [False, True])
+def test_momentum_correction_sends_the_velocities(device, masking):
+    received, expected, masked_ok = run_world(corrected_conservation, 2, 7, masking, device)[0]
+    torch.testing.assert_close(torch.tensor(received), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+    assert masked_ok
 
 
 def test_every_method_keeps_ranks_identical_and_decisions_agree(device):

@@ -6,6 +6,10 @@
     state.end_step()         # optional: this step's record (density, wire bytes, ...); all: state.history
     state.finish()           # after the last step, before destroy_process_group()
 
+With ``momentumCorrection`` (topk, dc2, tta) pass the SGD momentum and weight decay to
+``register``, which applies them inside the hook; build the optimizer with
+``state.optimizer_terms(momentum, weight_decay)`` (zeros when the hook owns them).
+
 Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
 (fixed density), netsense (paper-faithful NetSenseML), tta (ours: the density
 that minimizes the predicted time to accuracy; "overlap" and "ours" are its old
@@ -22,6 +26,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
+from netsense.compression.memory import LocalMomentum
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     DelayDriven,
@@ -84,8 +89,13 @@ def _powersgd_wire(state: powerSGD_hook.PowerSGDState, world: int):
 
 
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
-             process_group: dist.ProcessGroup | None = None, seed: int = 0) -> MeasuredState:
-    """Register the hook for ``config['method']`` on a DDP model; returns its state."""
+             process_group: dist.ProcessGroup | None = None, seed: int = 0,
+             momentum: float = 0.0, weight_decay: float = 0.0) -> MeasuredState:
+    """Register the hook for ``config['method']`` on a DDP model; returns its state.
+
+    ``momentum`` and ``weight_decay`` are the SGD optimizer's: a method with momentumCorrection applies
+    them in the hook (memory.LocalMomentum), and the optimizer must then use ``state.optimizer_terms``.
+    """
     c = validate_config(config)
     method = c["method"]
     world = dist.get_world_size(process_group)
@@ -122,8 +132,10 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step
     # allreduce has neither setting, and without sparse steps neither matters.
+    local = (LocalMomentum(momentum, weight_decay, masking=c["momentumMasking"])
+             if c.get("momentumCorrection") and momentum > 0 else None)
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", 0), need_grad_stats=method == "netsense" and c["quantize"],
-                             seed=seed, measure_progress=method == "tta" and c["learnKnee"])
+                             seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local)
     model.register_comm_hook(state, compress_hook)
     return state

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from netsense.compression import communicator
 from netsense.compression.compressor import TopK
-from netsense.compression.memory import ResidualMemory
+from netsense.compression.memory import LocalMomentum, ResidualMemory
 from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
@@ -61,14 +61,17 @@ class CompressionState(MeasuredState):
     memory     error feedback: what sparse steps did not send, by bucket (None without it)
     topk       the compressor: selection and packing, and summing the gathered chunks
     progress   how much of a dense step's progress each update made (progress.py; None unless measured)
+    momentum   the SGD momentum and weight decay, applied here instead of by the optimizer (memory.py:
+               momentum correction; None: the optimizer applies them)
     """
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
                  error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
-                 measure_progress: bool = False):
+                 measure_progress: bool = False, momentum: LocalMomentum | None = None):
         super().__init__(process_group)
         self.policy = policy
         self.memory = ResidualMemory() if error_feedback else None
+        self.momentum = momentum
         self.topk = TopK(seed, dist.get_rank(process_group))
         self.warmup_steps = max(1, warmup_steps)  # iteration 0 is always dense
         self.need_grad_stats = need_grad_stats
@@ -76,6 +79,10 @@ class CompressionState(MeasuredState):
         self.decision = Decision()
         self.warmup = False
         self._agreement: torch.futures.Future | None = None
+
+    def optimizer_terms(self, momentum: float, weight_decay: float) -> tuple[float, float]:
+        """The (momentum, weight decay) the SGD optimizer should apply: none of either when this hook does."""
+        return (0.0, 0.0) if self.momentum is not None else (momentum, weight_decay)
 
     def finish(self) -> None:
         """End the last step and wait for its measurement agreement: a collective still in flight when the
@@ -136,6 +143,8 @@ class CompressionState(MeasuredState):
         n = buf.numel()
         k = max(1, min(n, math.ceil(d.density * n)))
         packed = self.topk.compress(bucket, k, d.fp16, d.prune, self.memory)
+        if self.momentum is not None:
+            self.momentum.sent(bucket.index(), packed[:4 * k].view(torch.int32))
         ws = self.topk.workspace(bucket)
         gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         c = self.counts
@@ -163,6 +172,8 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         dots = state.progress.gradient(bucket.index(), buf)  # before either path changes buf in place
         if dots is not None:
             c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
+    if state.momentum is not None:
+        state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
     fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
     if not measuring:
         return fut

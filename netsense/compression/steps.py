@@ -51,6 +51,10 @@ class MeasuredState:
         self._forward_start: float | None = None
         self._finished = True
 
+    def optimizer_terms(self, momentum: float, weight_decay: float) -> tuple[float, float]:
+        """The (momentum, weight decay) the SGD optimizer should apply (a hook that applies them says none)."""
+        return momentum, weight_decay
+
     def start_step(self) -> None:
         """Mark the start of a step's forward pass (call before it).
 

@@ -135,6 +135,12 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
 
+def _check_momentum(c: dict, path: str, errors: Errors) -> None:
+    if c.get("momentumMasking") and not c.get("momentumCorrection"):
+        errors.add(f"{path}.momentumMasking", "needs momentumCorrection: masking forgets the momentum the hook "
+                                              "keeps, and without correction the optimizer keeps it")
+
+
 def _check_netsense(c: dict, path: str, errors: Errors) -> None:
     if not c["minRatio"] <= c["initialRatio"] <= c["maxRatio"]:
         errors.add(f"{path}.initialRatio", "must lie between minRatio and maxRatio")
@@ -171,6 +177,13 @@ TRAINING = Obj({
 
 _ERROR_FEEDBACK = F(Bool(doc="keep what is not sent and add it to the next step's gradient"), default=True)
 _WARMUP = F(Int(min=0, doc="dense steps before compressing"), default=0)
+_MOMENTUM_CORRECTION = F(Bool(doc="apply SGD's momentum and weight decay to each rank's gradient before "
+                              "compression (DGC's momentum correction) instead of in the optimizer after it: what "
+                              "error feedback holds back is then sent once, not pushed on by the momentum "
+                              "afterwards; no effect with Adam"), default=True)
+_MOMENTUM_MASKING = F(Bool(doc="with momentumCorrection, forget the momentum of each coordinate sent (DGC's "
+                           "momentum factor masking): less momentum where the gradient is largest, so it changes "
+                           "the optimizer too"), default=False)
 _WINDOW = F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10)
 _MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
 
@@ -185,8 +198,10 @@ COMPRESSION = Union("method", {
     "topk": Obj({
         "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
         "errorFeedback": _ERROR_FEEDBACK,
+        "momentumCorrection": _MOMENTUM_CORRECTION,
+        "momentumMasking": _MOMENTUM_MASKING,
         "warmupSteps": _WARMUP,
-    }, doc="TopK at a fixed density"),
+    }, checks=[_check_momentum], doc="TopK at a fixed density"),
     "netsense": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
         "warmupSteps": _WARMUP,
@@ -207,6 +222,8 @@ COMPRESSION = Union("method", {
     }, checks=[_check_netsense], doc="the paper's NetSenseML: AIMD of the payload ratio against the sensed BDP"),
     "dc2": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
+        "momentumCorrection": _MOMENTUM_CORRECTION,
+        "momentumMasking": _MOMENTUM_MASKING,
         "warmupSteps": _WARMUP,
         "delayTarget": F(Float(min=0, exclusive_min=True,
                                doc="communication delay budget as a multiple of the step's compute time"),
@@ -214,10 +231,12 @@ COMPRESSION = Union("method", {
         "gain": F(Float(min=0, max=1, exclusive_min=True, doc="exponent of the multiplicative update (damping)"),
                   default=0.5),
         "minDensity": _MIN_DENSITY,
-    }, doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
+    }, checks=[_check_momentum], doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
            "near delayTarget x the compute time"),
     "tta": Obj({
         "errorFeedback": _ERROR_FEEDBACK,
+        "momentumCorrection": _MOMENTUM_CORRECTION,
+        "momentumMasking": _MOMENTUM_MASKING,
         "warmupSteps": _WARMUP,
         "kneeDensity": F(Float(min=0, max=1, exclusive_min=True,
                                doc="density at which TopK with error feedback needs twice the dense "
@@ -230,7 +249,7 @@ COMPRESSION = Union("method", {
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
         "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
-    }, doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+    }, checks=[_check_momentum], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")

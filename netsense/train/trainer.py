@@ -138,12 +138,15 @@ class Trainer:
         model.to(self.device)
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          gradient_as_bucket_view=True, **ddp_options(self.job.compression, self.backend))
-        self.hook = register(self.model, self.job.compression, seed=self.t["seed"])
-        if self.t["optimizer"] == "adam":
+        if self.t["optimizer"] == "adam":  # momentum correction is SGD's: Adam keeps its own terms
+            self.hook = register(self.model, self.job.compression, seed=self.t["seed"])
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=self.t["lr"], momentum=self.t["momentum"],
-                                       weight_decay=self.t["weightDecay"])
+            self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
+                                 momentum=self.t["momentum"], weight_decay=self.t["weightDecay"])
+            momentum, weight_decay = self.hook.optimizer_terms(self.t["momentum"], self.t["weightDecay"])
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=self.t["lr"], momentum=momentum,
+                                       weight_decay=weight_decay)
         self.batches = ShardedBatches(self.data, self.t["batchSize"], self.rank, self.world, self.t["seed"])
         if len(self.batches) == 0:
             raise ValueError(f"spec.training.batchSize: {self.t['batchSize']} x {self.world} workers is more "
