@@ -37,7 +37,7 @@ def _ddp(model, config=None, device="cpu"):
                **ddp_options(config, "gloo"))
 
 
-def _tiny_mlp(seed=0, bucket_mb=None):
+def _tiny_mlp(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
 
@@ -151,20 +151,25 @@ def train_on_path(rank, world, native_ranks, steps, config):
 
 
 def sgd_run(rank, world, config, steps, momentum, weight_decay, device="cpu"):
-    """Parameters after ``steps`` SGD steps, the optimizer built as the trainer builds it."""
+    """Parameters after ``steps`` SGD steps, the optimizer built as the trainer builds it; and the hook's
+    bucket layouts after step 0 and at the end (DDP rebuilds its buckets after step 0)."""
     from netsense.compression import register
 
     model = _ddp(_tiny_mlp(), device=device)
     state = register(model, config, momentum=momentum, weight_decay=weight_decay)
     m, wd = state.optimizer_terms(momentum, weight_decay)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m, weight_decay=wd)
+    layouts = []
     for step in range(steps):
         x, y = _batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
         opt.step()
+        local = getattr(state, "momentum", None)
+        if local is not None and step in (0, steps - 1):
+            layouts.append(sorted(local.layouts.values()))
     state.finish()
-    return [p.detach().view(-1).tolist() for p in model.parameters()], (m, wd)
+    return [p.detach().view(-1).tolist() for p in model.parameters()], (m, wd), layouts
 
 
 def corrected_conservation(rank, world, steps, masking, device="cpu"):
@@ -225,10 +230,13 @@ def test_error_feedback_conserves_the_gradient_sum(device):
 
 
 def test_momentum_correction_on_dense_steps_is_momentum_sgd(device):
-    # topk's warm-up steps are dense: the hook's momentum and weight decay must reproduce the optimizer's.
+    # topk's warm-up steps are dense: the hook's momentum and weight decay must reproduce the optimizer's,
+    # across DDP laying its bucket out again after step 0 (here: the same parameters, in reverse order).
     plain = run_world(sgd_run, 2, {"method": "allreduce"}, 5, 0.9, 5e-3, device)
     owned = run_world(sgd_run, 2, {"method": "topk", "warmupSteps": 10}, 5, 0.9, 5e-3, device)
     assert plain[0][1] == (0.9, 5e-3) and owned[0][1] == (0.0, 0.0)  # the optimizer is told not to apply them
+    after_step0, at_end = owned[0][2]
+    assert after_step0 != at_end, "DDP's rebuilt layout was to move the velocities"
     for a, b in zip(plain[0][0], owned[0][0], strict=True):
         torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)
     off = run_world(sgd_run, 2, {"method": "topk", "warmupSteps": 10, "momentumCorrection": False}, 5, 0.9, 5e-3,
@@ -278,18 +286,20 @@ def test_world_size_one_works_for_every_method():
         assert held_out < 0.9 * untrained, f"{method}: {held_out:.3f} vs untrained {untrained:.3f}"
 
 
-def progress_of_the_first_steps(rank, world, steps):
+def progress_of_the_first_steps(rank, world, steps, momentum=0.0):
     """Each step's recorded progress dot products, and the same computed apart: this rank's own raw
-    gradient (a copy of the model, the same batch) against its previous one and against the previous
-    update (the averaged gradient DDP left in the model)."""
+    gradient (a copy of the model, the same batch) against its previous one (with momentum correction: its
+    previous velocity, the dense update) and against the previous update (the averaged gradient DDP left in
+    the model)."""
     import copy
 
     from netsense.compression import register
 
     model = _ddp(_tiny_mlp())
     # A tiny prior knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
-    state = register(model, {"method": "tta", "learnKnee": True, "kneeDensity": 1e-4})
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = register(model, {"method": "tta", "learnKnee": True, "kneeDensity": 1e-4}, momentum=momentum)
+    m, _ = state.optimizer_terms(momentum, 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m)
     grads, updates = [], []
     for step in range(steps):
         x, y = _batch(rank, step, n=32)
@@ -303,7 +313,10 @@ def progress_of_the_first_steps(rank, world, steps):
     state.finish()
     assert sum(not h["dense"] for h in state.history) >= steps - 2, "the steps after the first were to be sparse"
     # From step 2: DDP rebuilds its buckets after step 0, and step 1's are the first to compare with.
-    expected = [(0.0, 0.0)] * 2 + [(float(grads[t] @ updates[t - 1]), float(grads[t] @ grads[t - 1]))
+    velocities = [grads[0]]
+    for g in grads[1:]:
+        velocities.append(momentum * velocities[-1] + g)
+    expected = [(0.0, 0.0)] * 2 + [(float(grads[t] @ updates[t - 1]), float(grads[t] @ velocities[t - 1]))
                                    for t in range(2, steps)]
     recorded = [(h["progress_made"], h["progress_dense"]) for h in state.history]
     densities = [h["progress_density"] for h in state.history], [h["density"] for h in state.history]
@@ -331,11 +344,14 @@ def test_the_paper_policy_senses_the_dense_warm_up_step_without_reacting_to_it()
         assert in_startup and ratio == pytest.approx(0.02)
 
 
-def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_applied():
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_applied(momentum):
     """The learned knee reads each update's progress along the next gradient each rank computed: not the
     averaged one, not the one error feedback has added to; and against the update the optimizer got (the
-    averaged, sparse one), each paired with that update's density."""
-    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 6):
+    averaged, sparse one), each paired with that update's density. With momentum correction the dense
+    update it is compared with is the rank's velocity."""
+    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 6,
+                                                                      momentum):
         assert len(recorded) == 6
         for (made, dense), (want_made, want_dense) in zip(recorded, expected, strict=True):
             assert made == pytest.approx(want_made, rel=1e-4, abs=1e-9)

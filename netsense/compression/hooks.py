@@ -19,6 +19,8 @@ Per step (detected by bucket index 0, which DDP always launches first):
    sparse), one step after the measured step;
 3. the policy decides this step.
 
+With momentum correction (memory.LocalMomentum) each rank's gradient first
+becomes its velocity ``u = m u + g + wd w`` and the optimizer applies neither.
 Dense path: ``g/N`` all_reduced (fp32 or fp16), with any residual folded in
 first. Sparse path: error feedback (memory.py), exact TopK with optional pruning
 (compressor.py), one all_gather of each rank's packed chunk, every chunk summed
@@ -169,11 +171,13 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
     measuring = state.progress is not None and state.step > 0  # DDP rebuilds its buckets after step 0
     if measuring:
-        dots = state.progress.gradient(bucket.index(), buf)  # before either path changes buf in place
+        dots = state.progress.gradient(bucket.index(), buf)  # before anything changes buf in place
         if dots is not None:
             c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
-    if state.momentum is not None:
+    if state.momentum is not None:  # buf becomes the velocity: the update a dense step would apply
         state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
+        if measuring:
+            state.progress.dense_update(bucket.index(), buf)
     fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
     if not measuring:
         return fut

@@ -18,6 +18,10 @@ bucket (no extra communication: the step's agreed measurements carry them)
 from a copy of the previous raw gradient and of the previous update: two
 copies and two dot products of the gradient a step.
 
+With momentum correction (memory.LocalMomentum) the dense step's update is
+the rank's velocity u_t, not g_t: the probe keeps u_t as the reference and
+reads r = sum <g_{t+1}, U_t> / sum <g_{t+1}, u_t> (g_{t+1} still raw).
+
 The controller (netsense.control.policies, TimeToAccuracyController) reads r
 at its own density d as the steps model's 1 / (1 + knee / d).
 """
@@ -49,6 +53,11 @@ class ProgressProbe:
             g_prev = self.grads[index] = torch.empty_like(grad)
         g_prev.copy_(grad)
         return out
+
+    def dense_update(self, index: int, update: torch.Tensor) -> None:
+        """With momentum correction the update a dense step would apply is the velocity, not the raw
+        gradient: keep it as the reference the next gradient is read against (after :meth:`gradient`)."""
+        self.grads[index].copy_(update)
 
     def update(self, index: int, update: torch.Tensor) -> torch.Tensor:
         """Record the update the bucket's collective produced; returns it (a future's ``then`` callback)."""
