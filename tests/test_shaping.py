@@ -99,11 +99,18 @@ def test_a_static_link_leaves_the_senders_packets_alone():
 
 @pytest.mark.parametrize("rate", ["10Mbit", "50Mbit", "200Mbit", "1000Mbit"])
 def test_static_rate_is_achieved_within_10_percent(rate):
+    # A second 4 s flow only when the first fell short: this shared 2-core VM has stalls of seconds (a CI
+    # run read 0.78x of 50 Mbit and 0.83x of 1 Gbit in one flow each, 0.93-0.96x alone minutes later),
+    # and a shaper that carries too little fails both. Over the rate fails at once: noise never adds bytes.
     profile = build_profile({"type": "static", "rate": rate})
+    bps, seconds = profile.rate_at(0), []
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        out = bulk(c, 4)
-    got = best_second(out, 0.8, 3.6)
-    assert 0.9 <= got / profile.rate_at(0) <= 1.1, f"{rate}: fastest second {got / 1e6:.1f} Mbit/s"
+        for attempt in range(2):
+            seconds.append(best_second(bulk(c, 4, port=5001 + attempt), 0.8, 3.6))
+            assert seconds[-1] / bps <= 1.1, f"{rate}: fastest second {seconds[-1] / 1e6:.1f} Mbit/s"
+            if seconds[-1] / bps >= 0.9:
+                break
+    assert max(seconds) / bps >= 0.9, f"{rate}: fastest second {[round(x / 1e6, 1) for x in seconds]} Mbit/s"
 
 
 def test_a_scheduled_change_binds_within_half_a_second():
