@@ -171,13 +171,13 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
     measuring = state.progress is not None and state.step > 0  # DDP rebuilds its buckets after step 0
     if measuring:
-        dots = state.progress.gradient(bucket.index(), buf)  # before anything changes buf in place
+        dots = state.progress.gradient(bucket.index(), buf)  # the raw gradient: before anything changes buf
         if dots is not None:
             c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
     if state.momentum is not None:  # buf becomes the velocity: the update a dense step would apply
         state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
-        if measuring:
-            state.progress.dense_update(bucket.index(), buf)
+    if measuring:
+        state.progress.dense(bucket.index(), buf)  # before either path changes buf in place
     fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
     if not measuring:
         return fut

@@ -41,23 +41,24 @@ class ProgressProbe:
         self._fresh: set[int] = set()  # buckets whose kept update is the previous step's
 
     def gradient(self, index: int, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Record bucket ``index``'s raw gradient of this step (call before anything changes it in place);
-        returns (<g, U_prev>, <g, g_prev>) when the previous step left both, else None. Tensors: no sync."""
+        """Read bucket ``index``'s raw gradient of this step against what the previous step left: returns
+        (<g, U_prev>, <g, dense_prev>) when it left both, else None. Tensors: no sync. Then call
+        :meth:`dense` with this step's dense update."""
         g_prev, u_prev = self.grads.get(index), self.updates.get(index)
         out = None
         if index in self._fresh and g_prev is not None and g_prev.numel() == grad.numel() == u_prev.numel():
             g = grad.float()
             out = torch.dot(g, u_prev.float()), torch.dot(g, g_prev.float())
         self._fresh.discard(index)
-        if g_prev is None or g_prev.numel() != grad.numel():
-            g_prev = self.grads[index] = torch.empty_like(grad)
-        g_prev.copy_(grad)
         return out
 
-    def dense_update(self, index: int, update: torch.Tensor) -> None:
-        """With momentum correction the update a dense step would apply is the velocity, not the raw
-        gradient: keep it as the reference the next gradient is read against (after :meth:`gradient`)."""
-        self.grads[index].copy_(update)
+    def dense(self, index: int, update: torch.Tensor) -> None:
+        """Keep the update a dense step would apply, the reference the next gradient is read against: the raw
+        gradient, or with momentum correction the velocity (call before anything changes it in place)."""
+        kept = self.grads.get(index)
+        if kept is None or kept.numel() != update.numel():
+            kept = self.grads[index] = torch.empty_like(update)
+        kept.copy_(update)
 
     def update(self, index: int, update: torch.Tensor) -> torch.Tensor:
         """Record the update the bucket's collective produced; returns it (a future's ``then`` callback)."""

@@ -138,12 +138,13 @@ class Trainer:
         model.to(self.device)
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          gradient_as_bucket_view=True, **ddp_options(self.job.compression, self.backend))
-        if self.t["optimizer"] == "adam":  # momentum correction is SGD's: Adam keeps its own terms
-            self.hook = register(self.model, self.job.compression, seed=self.t["seed"])
+        sgd = self.t["optimizer"] == "sgd"  # momentum correction is SGD's: Adam keeps its own terms
+        self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
+                             momentum=self.t["momentum"] if sgd else 0.0,
+                             weight_decay=self.t["weightDecay"] if sgd else 0.0)
+        if not sgd:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
-            self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
-                                 momentum=self.t["momentum"], weight_decay=self.t["weightDecay"])
             momentum, weight_decay = self.hook.optimizer_terms(self.t["momentum"], self.t["weightDecay"])
             self.opt = torch.optim.SGD(self.model.parameters(), lr=self.t["lr"], momentum=momentum,
                                        weight_decay=weight_decay)
