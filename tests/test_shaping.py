@@ -57,38 +57,58 @@ def bulk(c: LocalCluster, seconds: float, port: int = 5001) -> dict:
 @pytest.mark.parametrize(("rate", "from_bytes"), [("10Mbit", 47_000), ("20Mbit", 47_000), ("50Mbit", 47_000),
                                                   ("200Mbit", 47_000), ("1000Mbit", 300_000)])
 def test_a_payload_after_an_idle_gap_crosses_at_the_link_rate(rate, from_bytes):
+    # Sizes that fell short are measured again, up to twice, keeping each size's fastest crossing: a CI run on
+    # this shared 2-core VM read 50 Mbit's 1 MB at 0.66x in all 5 reps (a stall of a second), 0.9x+ alone.
+    # A shaper that carries too little falls short every round; one that lets a payload outrun the link
+    # fails at once, since noise never makes a payload faster.
     profile = build_profile({"type": "static", "rate": rate})
     bps = profile.rate_at(0)
-    sizes = [10_000, 47_000, 100_000, 300_000, 1_000_000] + ([4_000_000] if bps >= 50e6 else [])
-    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        got = payload_rates(c, sizes, reps=5, fastest=True)
-    ratios = {size: r / bps for size, r in got.items()}
-    report = ", ".join(f"{size // 1000} kB {x:.2f}x" for size, x in ratios.items())
-    burst = tbf_params(bps)["burst"]
-    if burst < 10_000:  # it gains at most the bucket (a frame and 150 us of the rate): its time less the bucket's
-        assert ratios[10_000] <= 10_000 / (10_000 - burst), f"{rate}: 10 kB outran the link ({report})"
     low = 0.8 if bps > 200e6 else 0.85
-    for size, x in ratios.items():
-        if size >= from_bytes:
-            assert low <= x <= 1.15, f"{rate}: {size // 1000} kB crossed at {x:.2f}x the rate ({report})"
+    burst = tbf_params(bps)["burst"]
+    todo = [10_000, 47_000, 100_000, 300_000, 1_000_000] + ([4_000_000] if bps >= 50e6 else [])
+    ratios: dict[int, float] = {}
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        for attempt in range(3):
+            got = payload_rates(c, todo, reps=5, fastest=True, port=5002 + attempt)
+            ratios.update({size: max(r / bps, ratios.get(size, 0.0)) for size, r in got.items()})
+            report = ", ".join(f"{size // 1000} kB {x:.2f}x" for size, x in sorted(ratios.items()))
+            if burst < 10_000:  # it gains at most the bucket (a frame and 150 us of the rate): its time less that
+                assert ratios[10_000] <= 10_000 / (10_000 - burst), f"{rate}: 10 kB outran the link ({report})"
+            for size, x in ratios.items():
+                assert x <= 1.15 or size < from_bytes, f"{rate}: {size // 1000} kB outran the link ({report})"
+            todo = [size for size, x in ratios.items() if size >= from_bytes and x < low]
+            if not todo:
+                break
+    assert not todo, f"{rate}: {[s // 1000 for s in todo]} kB crossed below {low}x the rate in 3 rounds ({report})"
 
 
 def test_a_rate_change_in_place_sizes_the_bucket_and_the_senders_packets_for_the_new_rate():
-    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "20Mbit"}, {"at": "0.3s", "rate": "1Gbit"},
-                                                        {"at": "0.6s", "rate": "20Mbit"}]})
+    # Each change is awaited up to half a second past its time (the bound a scheduled change is held to):
+    # applying it runs tc, which a loaded 2-core VM can delay past 150 ms (a CI run read the old rate then).
+    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "20Mbit"}, {"at": "0.5s", "rate": "1Gbit"},
+                                                        {"at": "1.5s", "rate": "20Mbit"}]})
     slow, fast = tbf_params(20e6)["burst"], tbf_params(1e9)["burst"]
-    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+
+    def shaped(hosts: list[str]) -> tuple[str, int, list[int]]:
+        shown = qdiscs("eth0", hosts[0])
+        return shown, burst_of(shown), [gso_max_segs("eth0", ns) for ns in hosts]
+
+    def once_applied(c: LocalCluster, at: float, rate: str, bucket: int, segs: int) -> None:
         hosts = [c.host_ns(0), c.host_ns(1)]
-        assert burst_of(qdiscs("eth0", hosts[0])) == pytest.approx(slow, rel=0.01)
-        assert "peakrate" not in qdiscs("eth0", hosts[0])
-        assert [gso_max_segs("eth0", ns) for ns in hosts] == [1, 1]
-        time.sleep(0.45)
-        assert "rate 1Gbit" in qdiscs("eth0", hosts[0])
-        assert burst_of(qdiscs("eth0", hosts[0])) == pytest.approx(fast, rel=0.01)
-        assert [gso_max_segs("eth0", ns) for ns in hosts] == [gso_segs_for(1e9)] * 2
-        time.sleep(0.4)  # an idle link's bucket shrinks at once
-        assert burst_of(qdiscs("eth0", hosts[0])) == pytest.approx(slow, rel=0.01)
-        assert [gso_max_segs("eth0", ns) for ns in hosts] == [1, 1]
+        time.sleep(max(0.0, c.epoch + at - time.time()))
+        while time.time() < c.epoch + at + 0.5:
+            shown, got_bucket, got_segs = shaped(hosts)
+            if f"rate {rate} " in shown and got_bucket == pytest.approx(bucket, rel=0.01) and got_segs == [segs] * 2:
+                return
+            time.sleep(0.02)
+        pytest.fail(f"{rate} not applied by {at + 0.5} s: {shown.strip()!r}, gso_max_segs {got_segs}")
+
+    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+        shown, bucket, segs = shaped([c.host_ns(0), c.host_ns(1)])
+        assert "rate 20Mbit " in shown and "peakrate" not in shown
+        assert bucket == pytest.approx(slow, rel=0.01) and segs == [1, 1]
+        once_applied(c, 0.5, "1Gbit", fast, gso_segs_for(1e9))
+        once_applied(c, 1.5, "20Mbit", slow, 1)  # an idle link's bucket shrinks at once
 
 
 def test_a_static_link_leaves_the_senders_packets_alone():
