@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from netsense.bench import load_grid, run_bench, summarize
+from netsense.bench.grid import families
 from netsense.bench.stats import steps_to_target
 from netsense.spec import SpecError
 
@@ -280,6 +281,28 @@ def test_each_method_is_compared_with_the_best_other_on_the_same_seeds_with_an_i
     assert by["a"]["wins"] == by["c"]["wins"] == 0.5 and by["b"]["wins"] == 0
     # the same results give the same interval (a fixed generator: tables are reproducible)
     assert summarize(results)[0]["ratio_hi"] == summarize(results)[0]["ratio_hi"]
+
+
+def test_a_method_is_never_paired_with_a_variant_of_its_own(tmp_path):
+    # ours-plain (an ablation) is the runner-up; the question a reader asks is ours against the best peer
+    ours, plain, peer = [10, 11, 12, 10], [10.5, 10.8, 12.5, 10.2], [12, 13, 14, 12]
+    results = [_r(m, "s", seed, t) for m, ts in (("ours", ours), ("ours-plain", plain), ("peer", peer))
+               for seed, t in enumerate(ts)]
+    assert {r["method"]: r["vs"] for r in summarize(results)}["ours"] == "ours-plain"
+    family = {"ours": "ours", "ours-plain": "ours"}
+    by = {r["method"]: r for r in summarize(results, family)}
+    assert by["ours"]["vs"] == by["ours-plain"]["vs"] == "peer" and by["peer"]["vs"] == "ours"
+    assert by["ours"]["ratio_hi"] < 1 and by["ours"]["wins"] == 0.75  # wins still count every method
+
+    grid = {**GRID, "variants": {"allreduce": ["topk-0.1"]}}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
+    assert families(load_grid(str(tmp_path / "g.yaml"))[2]) == {"allreduce": "allreduce", "topk-0.1": "allreduce"}
+    for variants, field in (({"allreduce": ["topk-0.5"]}, "'topk-0.5' is not a method"),
+                            ({"allreduce": "topk-0.1"}, "must be a list"),
+                            ({"allreduce": ["topk-0.1"], "topk-0.1": []}, "already in allreduce's family")):
+        (tmp_path / "g.yaml").write_text(yaml.safe_dump({**GRID, "variants": variants}))
+        with pytest.raises(SpecError, match=f"variants.*{field}"):
+            load_grid(str(tmp_path / "g.yaml"))
 
 
 def test_steps_to_target_is_the_first_of_target_hold_evaluations_in_a_row():

@@ -67,6 +67,27 @@ def _check_readings(grid: dict, training: dict) -> None:
         raise SpecError([Issue("accuracyAfterEpochs", "must be a positive number of epochs")])
 
 
+def families(grid: dict) -> dict[str, str]:
+    """Each method label -> its family (``variants: {tta: [tta-plain]}``: tta-plain is tta's variant): a
+    method is paired with the best method outside its own family, so that an ablation of ours is never the
+    "best other" our method is measured against. A label named nowhere is its own family."""
+    variants = grid.get("variants") or {}
+    if not isinstance(variants, dict):
+        raise SpecError([Issue("variants", "must be a mapping of method -> list of its variants' labels")])
+    labels = set(grid.get("methods") or {}) | set(sensitivity_methods(grid))
+    family: dict[str, str] = {}
+    for head, members in variants.items():
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise SpecError([Issue(f"variants.{head}", "must be a list of method labels")])
+        for label in [head, *members]:
+            if label not in labels:
+                raise SpecError([Issue(f"variants.{head}", f"{label!r} is not a method of this grid")])
+            if family.get(label, head) != head:
+                raise SpecError([Issue(f"variants.{head}", f"{label!r} is already in {family[label]}'s family")])
+            family[label] = head
+    return family
+
+
 def variant_name(method: str, constant: str, value) -> str:
     return f"{method}-{constant}-{value:g}" if isinstance(value, (int, float)) else f"{method}-{constant}-{value}"
 
@@ -146,6 +167,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         raise SpecError([Issue("base.training", "a fair benchmark needs targetAccuracy and a budget "
                                                 "(maxSeconds, maxSteps or epochs) shared by every method")])
     _check_readings(grid, t)
+    families(grid)
     cells = []
     for method, compression in methods.items():
         for scenario, setting in grid["profiles"].items():

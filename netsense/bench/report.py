@@ -22,6 +22,13 @@ def paired(row: dict) -> str:
             f"(n={row['pairs']})")
 
 
+def _families(grid: dict) -> str:
+    named = grid.get("variants") or {}
+    if not named:
+        return "none named in this grid"
+    return "; ".join(f"{head} with {', '.join(members)}" for head, members in named.items())
+
+
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
              ceilings: list[float] | None = None, source: str = "", varied: list[dict] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
@@ -33,7 +40,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
              "within the budget). Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
-             "common seeds of TTA / the best other method's TTA (named), with its bootstrap 95% interval: a "
+             "common seeds of TTA / the best other method's TTA (named; a method's own variants are not "
+             f"its peers: {_families(grid)}), with its bootstrap 95% interval: a "
              "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
              "fastest of all. x allreduce = samples/s over allreduce's on the same link "
              "(the paper's headline measure). Steps = training steps to the "

@@ -9,7 +9,7 @@ import sys
 import time
 
 from netsense.bench import cells, report
-from netsense.bench.grid import load_grid
+from netsense.bench.grid import families, load_grid
 from netsense.bench.provenance import describe, provenance
 from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
 
@@ -58,8 +58,9 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         ceilings.append(cells.measure_ceiling(grid, out_dir, "after"))
     measured = [c for c in ceilings if c]
     ceiling = sum(measured) / len(measured) if measured else None
-    rows = summarize(results)
-    at_targets(results, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"))
+    family = families(grid)
+    rows = summarize(results, family)
+    at_targets(results, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"), family)
     x_allreduce(rows)
     varied = sensitivity(results, grid)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:

@@ -94,8 +94,9 @@ def cross_goodput(result: dict) -> float | None:
     return sum(f["mean_mbit_when_on"] for f in flows.values()) if flows else None
 
 
-def summarize(results: list[dict]) -> list[dict]:
-    """One row per (scenario, method): means and spreads over seeds, and regret."""
+def summarize(results: list[dict], family: dict[str, str] | None = None) -> list[dict]:
+    """One row per (scenario, method): means and spreads over seeds, regret, and the paired comparison with
+    the best method outside the row's family (``family``: label -> family, netsense.bench.grid.families)."""
     rows: dict[tuple[str, str], dict] = {}
     for r in results:
         key = (r["scenario"], r["method_label"])
@@ -130,7 +131,7 @@ def summarize(results: list[dict]) -> list[dict]:
         best = min((r["tta_mean_s"] for r in in_scenario if r["tta_mean_s"] is not None), default=None)
         for r in in_scenario:
             r["regret"] = (r["tta_mean_s"] / best) if best and r["tta_mean_s"] is not None else math.inf
-    paired_against_best_other(results, out)
+    paired_against_best_other(results, out, family=family)
     return sorted(out, key=lambda r: (r["scenario"], r["regret"]))
 
 
@@ -153,11 +154,14 @@ def bootstrap_interval(ratios: list[float], level: float = 0.95, resamples: int 
 
 
 def paired_against_best_other(results: list[dict], rows: list[dict],
-                              tta_of=lambda r: r.get("time_to_accuracy_s")) -> None:
+                              tta_of=lambda r: r.get("time_to_accuracy_s"), family: dict[str, str] | None = None
+                              ) -> None:
     """Add to each row its paired comparison with the best other method of its scenario (the lowest mean
-    TTA among the rest): the geometric mean over common seeds of TTA / the other's TTA, its bootstrap 95%
-    interval, and the fraction of the scenario's seeds on which the method was the fastest of all.
-    A method leads only where the whole interval is below 1. ``tta_of``: a result's TTA (another target's)."""
+    TTA among those outside its family, ``family``: label -> family; by default each method is its own):
+    the geometric mean over common seeds of TTA / the other's TTA, its bootstrap 95% interval, and the
+    fraction of the scenario's seeds on which the method was the fastest of all. A method leads only
+    where the whole interval is below 1. ``tta_of``: a result's TTA (another target's)."""
+    family = family or {}
     tta: dict[tuple[str, str], dict[int, float]] = {}
     for r in results:
         if r.get("status") == "Succeeded" and (t := tta_of(r)) is not None:
@@ -170,7 +174,9 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
         for row in in_scenario:
             row.update(vs=None, paired_ratio=None, ratio_lo=None, ratio_hi=None, pairs=0,
                        wins=sum(1 for f in fastest.values() if f and f[1] == row["method"]) / max(1, len(seeds)))
-            others = [r for r in in_scenario if r is not row and r["tta_mean_s"] is not None]
+            mine_family = family.get(row["method"], row["method"])
+            others = [r for r in in_scenario if family.get(r["method"], r["method"]) != mine_family
+                      and r["tta_mean_s"] is not None]
             mine = tta.get((scenario, row["method"]), {})
             if not others or not mine:
                 continue
@@ -192,7 +198,8 @@ def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
     return _gmean(ratios), lo, hi, len(ratios)
 
 
-def at_targets(results: list[dict], rows: list[dict], targets: list[float], epochs: float | None) -> None:
+def at_targets(results: list[dict], rows: list[dict], targets: list[float], epochs: float | None,
+               family: dict[str, str] | None = None) -> None:
     """Add to each row ``targets``: per further target (read off the accuracy curves), TTA's mean and spread
     (when every seed reached it) and the paired comparison; and with ``epochs`` the test accuracy after that
     many epochs (mean, spread, how many seeds trained that long)."""
@@ -206,7 +213,7 @@ def at_targets(results: list[dict], rows: list[dict], targets: list[float], epoc
             every = len(ttas) == len(runs) and bool(runs)
             sub.append({"scenario": row["scenario"], "method": row["method"], "reached": f"{len(ttas)}/{len(runs)}",
                         "tta_mean_s": _mean(ttas) if every else None, "tta_std_s": _spread(ttas) if every else None})
-        paired_against_best_other(results, sub, lambda r, t=target: time_to(r, t))
+        paired_against_best_other(results, sub, lambda r, t=target: time_to(r, t), family)
         for row, entry in zip(rows, sub, strict=True):
             row["targets"][str(target)] = entry
     if epochs:
