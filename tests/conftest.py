@@ -9,6 +9,10 @@ IS_ROOT = os.geteuid() == 0
 
 
 def pytest_collection_modifyitems(config, items):
+    # The API-server tests last: their etcd, kube-apiserver and operator (reconciling every 0.5 s) live for
+    # the rest of the session (session fixtures), and nothing should share the two cores with the bulk-TCP
+    # rates the shaping and bottleneck tests measure.
+    items.sort(key=lambda item: "control_plane" in item.fixturenames)  # stable: the rest keep their order
     if IS_ROOT:
         return
     skip = pytest.mark.skip(reason="needs root (network namespaces and tc); run the suite as root, as CI does")

@@ -122,6 +122,9 @@ def test_static_rate_is_achieved_within_10_percent(rate):
     # A second 4 s flow only when the first fell short: this shared 2-core VM has stalls of seconds (a CI
     # run read 0.78x of 50 Mbit and 0.83x of 1 Gbit in one flow each, 0.93-0.96x alone minutes later),
     # and a shaper that carries too little fails both. Over the rate fails at once: noise never adds bytes.
+    # Where both fall short, the same path unshaped is measured: at 1 Gbit the VM's CPU binds (0.80-0.84x
+    # in one minute with 25% of the CPU stolen by the host), and the shaper is held to 0.9x of what
+    # the path carried then, so the test reads the shaper, not the machine's load.
     profile = build_profile({"type": "static", "rate": rate})
     bps, seconds = profile.rate_at(0), []
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
@@ -129,8 +132,11 @@ def test_static_rate_is_achieved_within_10_percent(rate):
             seconds.append(best_second(bulk(c, 4, port=5001 + attempt), 0.8, 3.6))
             assert seconds[-1] / bps <= 1.1, f"{rate}: fastest second {seconds[-1] / 1e6:.1f} Mbit/s"
             if seconds[-1] / bps >= 0.9:
-                break
-    assert max(seconds) / bps >= 0.9, f"{rate}: fastest second {[round(x / 1e6, 1) for x in seconds]} Mbit/s"
+                return
+    with LocalCluster(2) as c:
+        unshaped = best_second(bulk(c, 4), 0.8, 3.6)
+    assert max(seconds) >= 0.9 * min(bps, unshaped), (
+        f"{rate}: fastest second {[round(x / 1e6, 1) for x in seconds]} Mbit/s, unshaped {unshaped / 1e6:.0f}")
 
 
 def test_a_scheduled_change_binds_within_half_a_second():
