@@ -260,7 +260,7 @@ def jittery_step(c: TimeToAccuracyController, mbit: float, rng: random.Random) -
 def test_tta_senses_a_rise_from_20_to_200_mbit_within_10_steps_through_fixed_time_jitter(seed):
     """Probes sized from the old estimate stay under the fixed time's noise; probes that double while they find
     more do not."""
-    c, rng = tta(1_100_000, 2), random.Random(seed)
+    c, rng = tta(1_100_000, 2, adaptive_probing=False), random.Random(seed)  # every probeEvery steps
     for _ in range(60):
         jittery_step(c, 20, rng)
     assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
@@ -326,28 +326,60 @@ def test_tta_never_compresses_below_its_floor():
     assert high.decide().density == 0.01
 
 
-def test_tta_finds_freed_capacity_within_10_steps():
-    """A 20 -> 200 Mbit rise, on a simulated link, with the controller sizing its own payloads and probes."""
-    n, world = 1_100_000, 2
-    c = tta(n, world)
-    # 5-25 ms of fixed time per step, as two workers on two shared cores show here
-    slow, fast = SimulatedLink(20, fixed=0.005, skew=0.02), SimulatedLink(200, fixed=0.005, skew=0.02, seed=1)
-
-    def step(link: SimulatedLink) -> None:
+def link_steps(c: TimeToAccuracyController, link: SimulatedLink, steps: int) -> int:
+    """Run c over link for some steps (the controller sizing its own payloads and probes); the probes taken."""
+    probes = 0
+    for _ in range(steps):
         d = c.decide()
-        wire = dense_allreduce_bytes(n, world, d.fp16) if d.dense else sparse_allgather_bytes(
-            math.ceil(d.density * n), world, d.fp16)
-        k = 0 if d.dense else d.density * n
+        probes += c.probing
+        wire = dense_allreduce_bytes(c.numel, c.world, d.fp16) if d.dense else sparse_allgather_bytes(
+            math.ceil(d.density * c.numel), c.world, d.fp16)
+        k = 0 if d.dense else d.density * c.numel
         c.update(StepMeasurement(wire, wire, link.busy(wire), 0.03, 1.0, 0.001 + k * 2e-9, k))
+    return probes
 
-    for _ in range(40):
-        step(slow)
-    assert c.sensor.bandwidth == pytest.approx(slow.rate, rel=0.25)
+
+def steps_to_find(c: TimeToAccuracyController, link: SimulatedLink, limit: int) -> int:
     steps = 0
-    while c.sensor.bandwidth < 0.8 * fast.rate:
-        step(fast)
+    while c.sensor.bandwidth < 0.8 * link.rate:
+        link_steps(c, link, 1)
         steps += 1
-        assert steps <= 10, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after 10 steps at 200"
+        assert steps <= limit, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after {limit} steps at {link.rate / MBIT:.0f}"
+    return steps
+
+
+# 5-25 ms of fixed time per step, as two workers on two shared cores show here
+def jittery(mbit: float, seed: int = 0) -> SimulatedLink:
+    return SimulatedLink(mbit, fixed=0.005, skew=0.02, seed=seed)
+
+
+def test_tta_finds_freed_capacity_within_10_steps():
+    """A 20 -> 200 Mbit rise, probed every probeEvery steps (adaptiveProbing off: the probes' sizing)."""
+    c = tta(1_100_000, 2, adaptive_probing=False)
+    link_steps(c, jittery(20), 40)
+    assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
+    steps_to_find(c, jittery(200, seed=1), 10)
+
+
+def test_tta_backs_off_probing_a_quiet_link_and_probes_again_once_it_changes():
+    """Probes cost a step or more and find nothing on a quiet link: they back off to one in 64 steps, and
+    a drop the steps show brings them back to every probeEvery steps, so the link's return is found at once."""
+    fixed, adaptive = tta(1_100_000, 2, adaptive_probing=False), tta(1_100_000, 2)
+    assert link_steps(fixed, jittery(200), 300) >= 36  # one in 8
+    assert link_steps(adaptive, jittery(200), 300) <= 8  # at 8, 24, 56, 120, 184, 248: spacing 8 .. 64
+    assert adaptive.probe_spacing() == 64
+    assert adaptive.sensor.bandwidth == pytest.approx(200 * MBIT, rel=0.25)
+    link_steps(adaptive, jittery(20, seed=1), 20)  # a drop: sensed by the steps themselves, no probe needed
+    assert adaptive.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
+    assert adaptive.probe_spacing() <= 16
+    steps_to_find(adaptive, jittery(200, seed=2), 10)
+
+
+def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing():
+    c = tta(1_100_000, 2)
+    link_steps(c, jittery(20), 300)
+    assert c.probe_spacing() == 64
+    steps_to_find(c, jittery(200, seed=1), 64 + 10)
 
 
 def progress(knee: float, density: float, dense: float = 1.0) -> StepMeasurement:

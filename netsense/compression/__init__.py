@@ -127,7 +127,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         "tta": lambda: TimeToAccuracyController(
             numel, world, knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
             probe_every=c["probeEvery"],
-            probe_gain=c["probeGain"], min_density=c["minDensity"]),
+            probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

@@ -249,6 +249,9 @@ COMPRESSION = Union("method", {
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
         "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
+        "adaptiveProbing": F(Bool(doc="probe only once the steps since the last probe could have repaid it "
+                                      "(the link's measured chance of change x what probeGain times the "
+                                      "bandwidth would save); false: every probeEvery steps"), default=True),
     }, checks=[_check_momentum], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
