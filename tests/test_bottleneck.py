@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from support.rates import until_enough
 
 from netsense.emulation import cluster as cl
 from netsense.emulation.bottleneck import cross_samples, queue_samples, summarize
@@ -136,10 +137,16 @@ def test_the_shared_link_carries_its_rate_each_way_and_nothing_else_is_shaped(no
     with LocalCluster(2, build_profile({"type": "static", "rate": "50Mbit"}), topology="shared") as c:
         assert "tbf" in qdiscs("up0", c.bridge_ns) and "tbf" in qdiscs("up1", c.bridge_ns)
         assert "tbf" not in qdiscs("eth0", c.host_ns(0)), "on the shared topology the hosts' own links are free"
-        there = bulk_result(start_bulk(c, 4))
-        back = bulk_result(start_bulk(c, 4, src=1, dst=0, port=5002))
-    for out in (there, back):
-        assert 0.9 <= best_second(out, 0.8, 3.6) / (50 * MBIT) <= 1.1
+
+        def each_way(attempt: int) -> list[float]:
+            there = bulk_result(start_bulk(c, 4, port=5001 + 2 * attempt))
+            back = bulk_result(start_bulk(c, 4, src=1, dst=0, port=5002 + 2 * attempt))
+            ratios = [best_second(out, 0.8, 3.6) / (50 * MBIT) for out in (there, back)]
+            assert max(ratios) <= 1.1, f"over the rate: {ratios}"
+            return ratios
+
+        readings = until_enough(each_way, lambda ratios: min(ratios) >= 0.9)
+    assert min(readings[-1]) >= 0.9, f"fastest seconds, there and back: {readings} of 50 Mbit"
 
 
 @pytest.mark.root
@@ -152,24 +159,24 @@ def test_two_equal_flows_share_the_shared_link_roughly_evenly(nothing_left_behin
     (or, the sum's check, give each its own 50 Mbit)."""
     if "cubic" not in available_congestion_control().split():
         pytest.skip("no cubic in this kernel")
-    # Twice only when the pair carried too little: a CI run read 26.2 + 15.1 of 50 Mbit in the full suite, and
-    # 0.70-0.84x here in one minute with a quarter of the CPU stolen by the host (four Python endpoints on two
-    # cores fall behind); a queue that starves the link fails both. Over the rate or starving one flow fails
-    # at once.
-    for _ in range(2):
+    # Again only when the pair carried too little (support.rates): a CI run read 26.2 + 15.1 of 50 Mbit in the
+    # full suite, and 0.70-0.84x here in one minute with a quarter of the CPU stolen by the host (four Python
+    # endpoints on two cores fall behind); a queue that starves the link fails every time. Over the rate or
+    # starving one flow fails at once.
+    def shared(attempt: int) -> tuple[float, float]:
         with LocalCluster(4, build_profile({"type": "static", "rate": "50Mbit"}), topology="shared") as c:
             # Both cross up0: ranks 0 and 2 sit on rack A, 1 and 3 on rack B.
-            a = start_bulk(c, 20, src=0, dst=1, port=5001, cc="cubic")
-            b = start_bulk(c, 20, src=2, dst=3, port=5002, cc="cubic")
+            a = start_bulk(c, 20, src=0, dst=1, port=5001 + 2 * attempt, cc="cubic")
+            b = start_bulk(c, 20, src=2, dst=3, port=5002 + 2 * attempt, cc="cubic")
             a, b = bulk_result(a), bulk_result(b)
         ra, rb = rate_between(a, 2.3, 19.3), rate_between(b, 2.0, 19.0)  # b's receiver started 0.3 s after a's
-        total = f"{ra / MBIT:.1f} + {rb / MBIT:.1f} Mbit"
-        assert (ra + rb) / (50 * MBIT) <= 1.1, total
+        assert (ra + rb) / (50 * MBIT) <= 1.1, f"{ra / MBIT:.1f} + {rb / MBIT:.1f} Mbit"
         late_a, late_b = rate_between(a, 10.3, 19.3), rate_between(b, 10.0, 19.0)
-        assert 1 / 4 <= late_a / (late_a + late_b) <= 3 / 4, f"unequal shares: {late_a / MBIT:.1f} vs {late_b / MBIT:.1f} Mbit"
-        if (ra + rb) / (50 * MBIT) >= 0.85:
-            return
-    pytest.fail(f"the shared link carried {total} of 50 in both attempts")
+        assert 1 / 4 <= late_a / (late_a + late_b) <= 3 / 4, f"unequal shares: {late_a / MBIT:.1f} vs {late_b / MBIT:.1f}"
+        return ra, rb
+
+    readings = until_enough(shared, lambda pair: sum(pair) / (50 * MBIT) >= 0.85)
+    assert sum(readings[-1]) / (50 * MBIT) >= 0.85, f"the shared link carried {readings} of 50 Mbit"
 
 
 def sample_queue(c: LocalCluster, out_dir: str, clock: str) -> subprocess.Popen:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from support.rates import until_enough
 
 from netsense.emulation import cluster as cl
 from netsense.emulation.bulk import (
@@ -119,20 +120,24 @@ def test_a_static_link_leaves_the_senders_packets_alone():
 
 @pytest.mark.parametrize("rate", ["10Mbit", "50Mbit", "200Mbit", "1000Mbit"])
 def test_static_rate_is_achieved_within_10_percent(rate):
-    # A second 4 s flow only when the first fell short: this shared 2-core VM has stalls of seconds (a CI
-    # run read 0.78x of 50 Mbit and 0.83x of 1 Gbit in one flow each, 0.93-0.96x alone minutes later),
-    # and a shaper that carries too little fails both. Over the rate fails at once: noise never adds bytes.
-    # Where both fall short, the same path unshaped is measured: at 1 Gbit the VM's CPU binds (0.80-0.84x
+    # Another 4 s flow only when one fell short (support.rates): this shared 2-core VM has stalls of seconds
+    # (a CI run read 0.78x of 50 Mbit and 0.83x of 1 Gbit in one flow each, 0.93-0.96x alone minutes later),
+    # and a shaper that carries too little falls short every time. Over the rate fails at once: noise never
+    # adds bytes. Where all fall short, the same path unshaped is measured: at 1 Gbit the VM's CPU binds (0.80-0.84x
     # in one minute with 25% of the CPU stolen by the host), and the shaper is held to 0.9x of what
     # the path carried then, so the test reads the shaper, not the machine's load.
     profile = build_profile({"type": "static", "rate": rate})
-    bps, seconds = profile.rate_at(0), []
+    bps = profile.rate_at(0)
+
+    def fastest_second(attempt: int) -> float:
+        got = best_second(bulk(c, 4, port=5001 + attempt), 0.8, 3.6)
+        assert got / bps <= 1.1, f"{rate}: fastest second {got / 1e6:.1f} Mbit/s"
+        return got
+
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        for attempt in range(2):
-            seconds.append(best_second(bulk(c, 4, port=5001 + attempt), 0.8, 3.6))
-            assert seconds[-1] / bps <= 1.1, f"{rate}: fastest second {seconds[-1] / 1e6:.1f} Mbit/s"
-            if seconds[-1] / bps >= 0.9:
-                return
+        seconds = until_enough(fastest_second, lambda got: got / bps >= 0.9)
+    if seconds[-1] / bps >= 0.9:
+        return
     with LocalCluster(2) as c:
         unshaped = best_second(bulk(c, 4), 0.8, 3.6)
     assert max(seconds) >= 0.9 * min(bps, unshaped), (
@@ -160,14 +165,19 @@ def test_a_step_decline_is_followed_step_by_step():
     profile = build_profile({"type": "steps", "from": "250Mbit", "to": "25Mbit", "by": "25Mbit",
                              "every": f"{every}s"})
     assert len(profile.points) == 10
-    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        epoch = c.epoch
-        out = bulk(c, every * 10 + 0.5)
-    offset = out["start"] - epoch
-    for i, (t, bps) in enumerate(profile.points):
-        got = rate_between(out, t - offset + 0.5, t - offset + every - 0.2)
-        # 0.85: below ~300 Mbit a changing rate keeps packets to one or two frames (netsense.shaping.tc): TCP pays
-        assert 0.85 <= got / bps <= 1.1, f"step {i} ({bps / 1e6:.0f} Mbit): measured {got / 1e6:.1f}"
+
+    def per_step(attempt: int) -> list[float]:
+        with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+            epoch = c.epoch
+            out = bulk(c, every * 10 + 0.5, port=5001 + attempt)
+        offset = out["start"] - epoch
+        ratios = [rate_between(out, t - offset + 0.5, t - offset + every - 0.2) / bps for t, bps in profile.points]
+        assert max(ratios) <= 1.1, f"over the rate: {[round(x, 2) for x in ratios]}"
+        return ratios
+
+    # 0.85: below ~300 Mbit a changing rate keeps packets to one or two frames (netsense.shaping.tc): TCP pays
+    readings = until_enough(per_step, lambda ratios: min(ratios) >= 0.85)
+    assert min(readings[-1]) >= 0.85, f"steps carried {[[round(x, 2) for x in r] for r in readings]} of the rate"
 
 
 def test_a_shrinking_bucket_never_stalls_the_link():
