@@ -236,7 +236,10 @@ def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
     (tmp_path / "rx.yaml").write_text(yaml.safe_dump_all(docs))
     kubectl("apply", "-f", str(tmp_path / "rx.yaml"))
     ip = _wait("the receiver's IP", lambda: _get(kubectl, "pod", rx["metadata"]["name"])["status"].get("podIP"), 120)
-    tx = pod(1, f"{start_clock} && exec python -m netsense.emulation.bulk send {ip} 5001 14")
+    # The clock's epoch goes to the log too: the receiver counts from the sender's connect, which comes a
+    # Python start-up after the clock; on the receiver's count alone a slow start-up (over 0.5 s) would put
+    # the step inside the "before" window.
+    tx = pod(1, f'{start_clock} && cat "${{{PROFILE_START_ENV}}}" && exec python -m netsense.emulation.bulk send {ip} 5001 14')
     (tmp_path / "tx.yaml").write_text(yaml.safe_dump(tx))
     kubectl("apply", "-f", str(tmp_path / "tx.yaml"))
     _wait("the transfer", lambda: _get(kubectl, "pod", rx["metadata"]["name"])["status"].get("phase")
@@ -244,7 +247,11 @@ def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
     out = json.loads(kubectl("logs", rx["metadata"]["name"], "-c", "trainer").strip().splitlines()[-1])
     from netsense.emulation.bulk import rate_between
 
-    before, after = rate_between(out, 1.5, 5.5) / 1e6, rate_between(out, 8.0, 13.0) / 1e6
-    print(f"\nE2E shaped pod link: {before:.1f} Mbit/s before the step (profile 40), {after:.1f} after (10)")
+    epoch = float(kubectl("logs", tx["metadata"]["name"], "-c", "trainer").split()[0])
+    clock = epoch - out["start"]  # the profile's t=0 on the receiver's bins
+    before = rate_between(out, max(0.0, clock + 1.0), clock + 5.0) / 1e6
+    after = rate_between(out, clock + 8.0, clock + 13.0) / 1e6
+    print(f"\nE2E shaped pod link: {before:.1f} Mbit/s before the step (profile 40), {after:.1f} after (10); "
+          f"the sender connected {-clock:.2f} s into the profile's clock")
     assert before == pytest.approx(40, rel=0.15) and after == pytest.approx(10, rel=0.15), out
     kubectl("delete", "-f", str(tmp_path / "tx.yaml"), "-f", str(tmp_path / "rx.yaml"), "--wait=true")
