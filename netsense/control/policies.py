@@ -346,7 +346,6 @@ class TimeToAccuracyController(Policy):
         self.sensor = LinkEstimator(window)
         self.compute_s = 0.0
         self.selection = SelectionCost()
-        self.steps = 0
         self.last = Decision()
         self.kind = (True, False)  # dense or not, fp16 or not: what the last decision that was not a probe chose
         self.reprobe = False  # the last probe found more bandwidth: probe again at once, larger
@@ -357,7 +356,6 @@ class TimeToAccuracyController(Policy):
         self.quiet_probes = 0  # probes in a row that found nothing, with no drop between
 
     def update(self, m: StepMeasurement) -> None:
-        self.steps += 1
         before = self.sensor.bandwidth
         self.sensor.observe(m.wire_bytes, m.comm_seconds)
         self.reprobe = before > 0 and self.sensor.bandwidth > self.REPROBE_GAIN * before

@@ -2,8 +2,8 @@
 
 This 2-core VM has stalls of seconds (the host steals a quarter of the CPU at times), and a stall only
 ever slows a flow: one reading short of the rate says little, three in a row say the link carries too
-little (CI read 0.83x of a 50 Mbit link in the full suite, and the same test passed alone right after). A reading over the rate is never noise, so ``measure`` asserts the upper bound itself and fails at
-once.
+little (CI read 0.83x of a 50 Mbit link in the full suite, and the same test passed alone right after).
+A reading over the rate is never noise, so ``measure`` asserts the upper bound itself and fails at once.
 """
 
 from __future__ import annotations
