@@ -37,7 +37,7 @@ def write(tmp_path, grid) -> str:
 
 def test_shipped_grids_load():
     for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml", "eval.yaml",
-                 "eval2.yaml", "eval-peers.yaml", "sensitivity.yaml", "headline.yaml"):
+                 "eval2.yaml", "eval3.yaml", "eval4.yaml", "eval5.yaml", "sensitivity.yaml", "headline.yaml"):
         _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
         assert cells and len({c.job["metadata"]["name"] for c in cells}) == len(cells)
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
@@ -185,6 +185,19 @@ def test_a_reused_cell_keeps_the_commit_that_ran_it_and_the_table_says_so(tmp_pa
     assert "reused from earlier runs of other commits (ffffffffffff)" in (out / "summary.md").read_text()
 
 
+def test_cells_from_another_commit_of_the_same_package_code_are_told_apart_from_other_code():
+    from netsense.bench.provenance import describe
+
+    now = {"commit": "b" * 40, "dirty": False, "code_commit": "a" * 40, "grid_commit": "b" * 40}
+    same_code = {"commit": "c" * 40, "dirty": False, "code_commit": "a" * 40}
+    line = describe(now, [now, same_code])
+    assert "the package as last changed in aaaaaaaaaaaa" in line
+    assert "other commits of the same package code (cccccccccccc" in line and "other commits (" not in line
+    other_code = {"commit": "d" * 40, "dirty": False, "code_commit": "e" * 40}
+    assert "reused from earlier runs of other commits (eeeeeeeeeeee)" in describe(now, [now, other_code])
+    assert "uncommitted changes" in describe(now, [now, {**same_code, "dirty": True}])
+
+
 def test_provenance_flags_uncommitted_changes_to_the_package_only(tmp_path, monkeypatch):
     """A table from a tree whose package differs from its commit says so; results and scratch files in the
     checkout do not count."""
@@ -216,13 +229,31 @@ def test_a_bad_order_is_refused_naming_the_field(tmp_path):
         load_grid(write(tmp_path, {**GRID, "order": "random"}))
 
 
+def test_accuracy_after_equal_epochs_makes_every_run_train_that_long(tmp_path):
+    def min_epochs(grid):
+        return {c.job["spec"]["training"].get("minEpochs") for c in load_grid(write(tmp_path, grid))[1]}
+
+    assert min_epochs(GRID) == {None}
+    assert min_epochs({**GRID, "accuracyAfterEpochs": 3}) == {3}
+    explicit = json.loads(json.dumps(GRID))
+    explicit["base"]["training"]["minEpochs"] = 5
+    assert min_epochs({**explicit, "accuracyAfterEpochs": 3}) == {5}
+    no_stop = json.loads(json.dumps(GRID))
+    no_stop["base"]["training"].update(stopAtTarget=False, maxSteps=100)
+    assert min_epochs({**no_stop, "accuracyAfterEpochs": 3}) == {None}  # every run trains its whole budget
+
+
 @pytest.mark.root
 def test_local_bench_writes_summary_table_and_plots(tmp_path):
     out = tmp_path / "out"
-    assert run_bench(write(tmp_path, GRID), str(out)) == 0
+    assert run_bench(write(tmp_path, {**GRID, "accuracyAfterEpochs": 2}), str(out)) == 0
     results = json.loads((out / "summary.json").read_text())
     assert {r["scenario"] for r in results} == {"static-100"}
     assert {r["method_label"] for r in results} == {"allreduce", "topk-0.1"}
+    for r in results:  # each trained on to 2 epochs, past its target (about an epoch in)
+        assert r["epochs"] >= 2 and steps_to_target(r) < r["steps"]
+    table = json.loads((out / "table.json").read_text())
+    assert all(row["after_epochs"]["n"] == "1/1" for row in table)
     md = (out / "summary.md").read_text()
     assert "| allreduce |" in md and "regret" in md
     assert (out / "tta.png").exists() and (out / "density_vs_link.png").exists()

@@ -18,6 +18,7 @@ A grid file::
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
     targets: [0.9]                                # optional: more targets, read off each run's accuracy curve
     accuracyAfterEpochs: 3                        # optional: test accuracy after this many epochs, per method
+                                                  # (every run then trains that long: training.minEpochs)
     variants: {tta: [tta-plain]}                  # optional: a method's own variants (ablations); each method
                                                   # is paired with the best method outside its family
     sensitivity:                                  # optional: constants varied one at a time (methods may be empty)

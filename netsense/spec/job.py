@@ -164,6 +164,9 @@ TRAINING = Obj({
                         "reached; the time to accuracy is the first of them (a single lucky evaluation is not "
                         "a result)"), default=3),
     "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached (held targetHold evaluations)"), default=True),
+    "minEpochs": F(Float(min=0, exclusive_min=True, doc="with stopAtTarget, train at least this many epochs "
+                         "before stopping at the target (the budget still stops a run), so that the accuracy "
+                         "after equal epochs can be read off every run")),
     "evalEvery": F(Int(min=1, doc="evaluate every N steps (default: every epoch)")),
     "evalSamples": F(Int(min=1), default=2000),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -164,13 +165,16 @@ class Trainer:
             limits.append(self.t["maxSteps"])
         return min(limits) if limits else 10**12
 
+    def _min_epochs_done(self) -> bool:
+        return self.state.step >= math.ceil(self.t.get("minEpochs", 0) * len(self.batches))
+
     def _eval_due(self, step: int, end_of_epoch: bool) -> bool:
         every = self.t.get("evalEvery")
         return (step % every == 0) if every else end_of_epoch
 
     def _local_stop(self) -> bool:
         target = self.t.get("targetAccuracy")
-        if target and self.t["stopAtTarget"] and self.state.tta is not None:
+        if target and self.t["stopAtTarget"] and self.state.tta is not None and self._min_epochs_done():
             return True
         return self.budget_s is not None and self.state.train_time >= self.budget_s
 
