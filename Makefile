@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml |
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: help venv run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench clean
+.PHONY: help venv run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench results clean
 
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
@@ -18,6 +18,7 @@ help:
 	@echo "make envtest    build kube-apiserver, etcd and kwok into ~/.cache/netsense/envtest"
 	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
 	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
+	@echo "make results    the final run: every evaluation grid on one commit (testbed/rerun.sh; hours; resumes)"
 	@echo "make node       build a real one-node cluster's parts and images (testbed/node; root)"
 	@echo "make node-up    run that node in the foreground (Ctrl-C tears it down); node-down sweeps leftovers"
 	@echo "make e2e        the operator end to end on that node: real pods, images, shaping, faults (root)"
@@ -55,6 +56,9 @@ manifests: venv
 
 bench: venv
 	$(BIN)/netsense bench testbed/grids/ci.yaml --out runs/bench-ci
+
+results: venv
+	bash testbed/rerun.sh $(GRIDS)
 
 # The Go builds (CPU) and the image builds (mostly network and disk) run side by side.
 node: venv
