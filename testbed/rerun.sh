@@ -65,15 +65,15 @@ for g in "${GRIDS[@]}"; do
         cat "$out/summary.md"
     } > "testbed/results/$g.md"
     cp "$out/table.json" "$landed"
+    files=("testbed/results/$g.md" "$landed")  # what this grid wrote
     for plot in tta sensitivity; do
-        [ -f "$out/$plot.png" ] && cp "$out/$plot.png" "testbed/results/$g-$plot.png"
+        if [ -f "$out/$plot.png" ]; then
+            cp "$out/$plot.png" "testbed/results/$g-$plot.png"
+            files+=("testbed/results/$g-$plot.png")
+        fi
     done
     echo "rerun.sh: $g done (rc $rc): testbed/results/$g.md" >&2
     if [ "${RERUN_COMMIT:-0}" = 1 ]; then
-        files=("testbed/results/$g.md" "$landed")
-        for plot in tta sensitivity; do
-            [ -f "testbed/results/$g-$plot.png" ] && files+=("testbed/results/$g-$plot.png")
-        done
         git add -- "${files[@]}"
         git commit -q -m "Results: $g from the final run (written by testbed/rerun.sh, rc $rc)" -- "${files[@]}"
     fi
