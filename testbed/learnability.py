@@ -1,0 +1,185 @@
+"""Can the controller tell, from a task's own training, which compressor it needs? The evidence.
+
+    .venv/bin/python testbed/learnability.py [--runs runs/final] > testbed/results/learnability.md
+
+tta chooses among TopK densities with error feedback (EF), priced by a steps model (``1 + knee/d`` times
+the dense steps). Where it misses the 1.1x bar (set 2, set 3's fluctuating link) the winners send without
+EF (the paper's netsense) or low-rank (PowerSGD), and need far fewer steps than TopK with EF on those
+tasks, while on the CNNs TopK with EF needs as few or fewer. Choosing between them online needs a signal
+from the task that ranks the tasks as their step counts do. Three readings, each printed as a table:
+
+1. Step counts of the final run (testbed/results/<grid>.json): each family's steps to the target over
+   dense allreduce's (where allreduce reached it) -- what a signal would have to predict.
+2. The first-order progress readings that ``learnKnee`` uses (``<g_{t+1}, U_t>`` and ``<g_{t+1}, g_t>``,
+   from the tta-learn runs' timelines under --runs): how often the dense reading, which must be positive
+   for the ratio to mean anything, is negative, and how often the learned knee left its prior.
+3. The captured energy e(d) = ||TopK_d(g)||^2 / ||g||^2 of each task's dense gradient (measured here:
+   dense SGD as the workers run it, 2 x 32 samples a step, steps 10-40, one process): first-order, a
+   step without EF makes e(d) of a dense step's progress, so 1/e(d) would predict no-EF's step ratio;
+   and the error-feedback residual's size against the gradient's under TopK 1% (steps 20-59), the delayed
+   mass whose cost the knee prices.
+
+Nothing here is fitted or tuned; it reads the final run and measures gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import statistics
+
+import torch
+
+from netsense.train.data import load_dataset
+from netsense.train.models import build_model
+
+# The evaluation sets' tasks (testbed/grids/<grid>.yaml: base.training) and the tuning task (ci.yaml).
+TASKS = {
+    "ci (tuning)": ("mlp", 1024, "digits"),
+    "eval (set 1)": ("cnn", 512, "digits"),
+    "eval2 (set 2)": ("mlp", 512, "digits32"),
+    "eval3 (set 3)": ("mlp", 1024, "digits32"),
+    "eval4/5 (sets 4-5)": ("cnn", 1024, "digits"),
+}
+DENSITIES = (0.01, 0.03, 0.1)
+
+
+def _steps(r: dict | None, dense: float | None, density: bool) -> str:
+    """One method's steps to the target, over dense allreduce's where it reached it."""
+    if not r or r.get("steps_to_target") is None:
+        return "-"
+    s = f"{r['steps_to_target']:.0f}" + (f" ({r['steps_to_target'] / dense:.2f}x)" if dense else "")
+    return s + (f" at {100 * r['mean_density']:.1f}%" if density else "")
+
+
+def step_counts(results: str) -> list[str]:
+    rows = ["| grid: scenario | dense steps (-: allreduce not in the grid, or not within the budget) | TopK+EF 1% | TopK+EF 3% | paper netsense, no EF (density) | "
+            "PowerSGD r4 |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for grid in ("eval", "eval2", "eval3", "eval4", "eval5"):
+        path = os.path.join(results, f"{grid}.json")
+        if not os.path.exists(path):
+            continue
+        by: dict[str, dict[str, dict]] = {}
+        for r in json.load(open(path)):
+            by.setdefault(r["scenario"], {})[r["method"]] = r
+        for scenario, m in sorted(by.items()):
+            dense = (m.get("allreduce") or {}).get("steps_to_target")
+            cells = [_steps(m.get(k), dense, k == "netsense") for k in ("topk-0.01", "topk-0.03", "netsense",
+                                                                          "powersgd-r4")]
+            rows.append(f"| {grid}: {scenario} | {dense or '-'} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def progress_readings(runs: str) -> list[str]:
+    rows = ["| grid: scenario | runs | readings | dense reading < 0 | update's reading < 0 | "
+            "steps with the knee off its prior (median) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    groups: dict[str, list[str]] = {}
+    for d in sorted(glob.glob(os.path.join(runs, "*", "tta-learn*--*"))):
+        groups.setdefault(f"{d.split(os.sep)[-2]}: {d.split('--')[1]}", []).append(d)
+    for name, dirs in groups.items():
+        n = dense_neg = made_neg = 0
+        off: list[float] = []
+        for d in dirs:
+            timeline = list(csv.DictReader(open(os.path.join(d, "timeline.csv"))))
+            prior = float(timeline[0]["est_knee"])
+            knees = [float(r["est_knee"]) for r in timeline if r["est_knee"]]
+            off.append(sum(abs(k - prior) > 1e-12 for k in knees) / len(knees))
+            for r in timeline:
+                if r["progress_dense"]:
+                    n += 1
+                    dense_neg += float(r["progress_dense"]) < 0
+                    made_neg += float(r["progress_made"]) < 0
+        rows.append(f"| {name} | {len(dirs)} | {n} | {dense_neg / n:.0%} | {made_neg / n:.0%} | "
+                    f"{statistics.median(off):.0%} |")
+    return rows
+
+
+def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read, ef_density: float = 0.0):
+    """SGD as the workers run it (lr 0.05, momentum 0.9, 2 x 32 samples a step), one process: dense, or
+    TopK at ``ef_density`` with error feedback; ``read(step, gradient, residual)`` after each backward."""
+    torch.manual_seed(seed)
+    data = load_dataset({"dataset": dataset, "seed": seed})
+    net = build_model(model, data.input_shape, data.classes, hidden)
+    params = list(net.parameters())
+    n = sum(p.numel() for p in params)
+    residual, velocity = torch.zeros(n), torch.zeros(n)
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        batch = torch.randint(0, len(data.train_y), (64,), generator=g)
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(data.train_x[batch]), data.train_y[batch]).backward()
+        grad = torch.cat([p.grad.flatten() for p in params])
+        update = grad
+        if ef_density:
+            x = grad + residual
+            update = torch.zeros(n)
+            top = x.abs().topk(max(1, int(ef_density * n))).indices
+            update[top] = x[top]
+            residual = x - update
+        read(step, grad, residual)
+        velocity = 0.9 * velocity + update
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p -= 0.05 * velocity[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+    return n
+
+
+def captured_energy(model: str, hidden: int, dataset: str, seed: int) -> tuple[int, list[float]]:
+    """Mean e(d) of the dense gradient over steps 10-39 of dense training."""
+    readings: list[list[float]] = []
+
+    def read(step: int, grad: torch.Tensor, _residual: torch.Tensor) -> None:
+        if step >= 10:
+            cumulative = grad.square().sort(descending=True).values.cumsum(0)
+            readings.append([(cumulative[max(0, int(d * grad.numel()) - 1)] / cumulative[-1]).item()
+                             for d in DENSITIES])
+
+    n = _train(model, hidden, dataset, seed, 40, read)
+    return n, [statistics.mean(r[i] for r in readings) for i in range(len(DENSITIES))]
+
+
+def residual_ratio(model: str, hidden: int, dataset: str, seed: int) -> float:
+    """Mean ||residual|| / ||gradient|| over steps 20-59 of TopK 1% with error feedback."""
+    readings: list[float] = []
+    _train(model, hidden, dataset, seed, 60,
+           lambda step, grad, residual: readings.append((residual.norm() / grad.norm()).item()) if step >= 20
+           else None, ef_density=0.01)
+    return statistics.mean(readings)
+
+
+def structure() -> list[str]:
+    head = " | ".join(f"e({100 * d:g}%) (1/e)" for d in DENSITIES)
+    rows = [f"| task | parameters | {head} | residual / gradient at 1% with EF |",
+            "| --- | ---: |" + " ---: |" * len(DENSITIES) + " ---: |"]
+    for name, task in TASKS.items():
+        seeds = [captured_energy(*task, seed) for seed in (0, 1)]
+        e = [statistics.mean(x) for x in zip(*(s[1] for s in seeds), strict=True)]
+        ratios = [residual_ratio(*task, seed) for seed in (0, 1)]
+        rows.append(f"| {name}: {task[0]} {task[1]} on {task[2]} | {seeds[0][0] / 1e6:.2f}M | "
+                    + " | ".join(f"{x:.2f} ({1 / x:.2f}x)" for x in e)
+                    + f" | {statistics.mean(ratios):.1f} ({min(ratios):.1f}-{max(ratios):.1f}) |")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
+    p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    print("# Can the controller tell which compressor a task needs? (`python testbed/learnability.py`)\n")
+    print("## 1. Steps to the target in the final run (x dense allreduce's steps, where it reached it)\n")
+    print("\n".join(step_counts(a.results)))
+    print("\n## 2. learnKnee's first-order progress readings (tta-learn runs)\n")
+    print("\n".join(progress_readings(a.runs)))
+    print("\n## 3. Two properties of each task's gradient (2 seeds each)\n")
+    print("\n".join(structure()))
+
+
+if __name__ == "__main__":
+    main()
