@@ -18,6 +18,9 @@ from the task that ranks the tasks as their step counts do. Three readings, each
    step without EF makes e(d) of a dense step's progress, so 1/e(d) would predict no-EF's step ratio;
    and the error-feedback residual's size against the gradient's under TopK 1% (steps 20-59), the delayed
    mass whose cost the knee prices.
+4. A short pilot in one process, before any training: 30 steps dense and 30 compressed from the same
+   start, the compressed run's loss on a fixed 512 samples read as the dense steps that reach it. A
+   reading a controller could take offline (it costs 60 steps of compute), not online.
 
 Nothing here is fitted or tuned; it reads the final run and measures gradients.
 """
@@ -97,12 +100,15 @@ def progress_readings(runs: str) -> list[str]:
     return rows
 
 
-def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read, ef_density: float = 0.0):
+def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read=None, density: float = 0.0,
+           error_feedback: bool = True, losses: list[float] | None = None) -> int:
     """SGD as the workers run it (lr 0.05, momentum 0.9, 2 x 32 samples a step), one process: dense, or
-    TopK at ``ef_density`` with error feedback; ``read(step, gradient, residual)`` after each backward."""
+    TopK at ``density`` with or without error feedback. ``read(step, gradient, residual)`` after each
+    backward; ``losses`` gets the loss on a fixed 512 training samples after each update."""
     torch.manual_seed(seed)
     data = load_dataset({"dataset": dataset, "seed": seed})
     net = build_model(model, data.input_shape, data.classes, hidden)
+    fixed = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(99))[:512]
     params = list(net.parameters())
     n = sum(p.numel() for p in params)
     residual, velocity = torch.zeros(n), torch.zeros(n)
@@ -113,19 +119,22 @@ def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read, e
         torch.nn.functional.cross_entropy(net(data.train_x[batch]), data.train_y[batch]).backward()
         grad = torch.cat([p.grad.flatten() for p in params])
         update = grad
-        if ef_density:
-            x = grad + residual
+        if density:
+            x = grad + residual if error_feedback else grad
             update = torch.zeros(n)
-            top = x.abs().topk(max(1, int(ef_density * n))).indices
+            top = x.abs().topk(max(1, int(density * n))).indices
             update[top] = x[top]
-            residual = x - update
-        read(step, grad, residual)
+            residual = x - update if error_feedback else residual
+        if read:
+            read(step, grad, residual)
         velocity = 0.9 * velocity + update
         with torch.no_grad():
             offset = 0
             for p in params:
                 p -= 0.05 * velocity[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
+            if losses is not None:
+                losses.append(torch.nn.functional.cross_entropy(net(data.train_x[fixed]), data.train_y[fixed]).item())
     return n
 
 
@@ -148,7 +157,7 @@ def residual_ratio(model: str, hidden: int, dataset: str, seed: int) -> float:
     readings: list[float] = []
     _train(model, hidden, dataset, seed, 60,
            lambda step, grad, residual: readings.append((residual.norm() / grad.norm()).item()) if step >= 20
-           else None, ef_density=0.01)
+           else None, density=0.01)
     return statistics.mean(readings)
 
 
@@ -166,6 +175,33 @@ def structure() -> list[str]:
     return rows
 
 
+PILOT_STEPS = 30
+PILOTS = {"TopK+EF 1%": (0.01, True), "TopK+EF 3%": (0.03, True), "TopK 3%, no EF": (0.03, False)}
+
+
+def pilot_ratio(task: tuple, seed: int, density: float, error_feedback: bool) -> float:
+    """Dense steps per step of a short pilot: PILOT_STEPS steps compressed reach a loss (on a fixed batch)
+    that dense training reached in s steps; the ratio PILOT_STEPS / s (0: dense never got there, the
+    compressed run was ahead)."""
+    dense: list[float] = []
+    compressed: list[float] = []
+    _train(*task, seed, PILOT_STEPS, losses=dense)
+    _train(*task, seed, PILOT_STEPS, density=density, error_feedback=error_feedback, losses=compressed)
+    s = next((i for i, x in enumerate(dense, 1) if x <= compressed[-1]), None)
+    return PILOT_STEPS / s if s else 0.0
+
+
+def pilots() -> list[str]:
+    rows = [f"| task | {' | '.join(PILOTS)} |", "| --- |" + " ---: |" * len(PILOTS)]
+    for name, task in TASKS.items():
+        cells = []
+        for density, ef in PILOTS.values():
+            r = [pilot_ratio(task, seed, density, ef) for seed in (0, 1, 2)]
+            cells.append(" ".join(f"{x:.2f}" if x else "<1" for x in r))
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
@@ -179,6 +215,8 @@ def main() -> None:
     print("\n".join(progress_readings(a.runs)))
     print("\n## 3. Two properties of each task's gradient (2 seeds each)\n")
     print("\n".join(structure()))
+    print(f"\n## 4. A short pilot: {PILOT_STEPS} steps, x the dense steps to the same loss (seeds 0, 1, 2)\n")
+    print("\n".join(pilots()))
 
 
 if __name__ == "__main__":
