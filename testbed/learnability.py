@@ -6,7 +6,7 @@ tta chooses among TopK densities with error feedback (EF), priced by a steps mod
 the dense steps). Where it misses the 1.1x bar (set 2, set 3's fluctuating link) the winners send without
 EF (the paper's netsense) or low-rank (PowerSGD), and need far fewer steps than TopK with EF on those
 tasks, while on the CNNs TopK with EF needs as few or fewer. Choosing between them online needs a signal
-from the task that ranks the tasks as their step counts do. Three readings, each printed as a table:
+from the task that ranks the tasks as their step counts do. Four readings, each printed as a table:
 
 1. Step counts of the final run (testbed/results/<grid>.json): each family's steps to the target over
    dense allreduce's (where allreduce reached it) -- what a signal would have to predict.
@@ -14,7 +14,7 @@ from the task that ranks the tasks as their step counts do. Three readings, each
    from the tta-learn runs' timelines under --runs): how often the dense reading, which must be positive
    for the ratio to mean anything, is negative, and how often the learned knee left its prior.
 3. The captured energy e(d) = ||TopK_d(g)||^2 / ||g||^2 of each task's dense gradient (measured here:
-   dense SGD as the workers run it, 2 x 32 samples a step, steps 10-40, one process): first-order, a
+   dense SGD as the grid's workers run it, steps 10-40, one process): first-order, a
    step without EF makes e(d) of a dense step's progress, so 1/e(d) would predict no-EF's step ratio;
    and the error-feedback residual's size against the gradient's under TopK 1% (steps 20-59), the delayed
    mass whose cost the knee prices.
@@ -33,21 +33,41 @@ import glob
 import json
 import os
 import statistics
+from dataclasses import dataclass
 
 import torch
 
+from netsense.bench.grid import load_grid
+from netsense.spec import parse_job
 from netsense.train.data import load_dataset
 from netsense.train.models import build_model
 
-# The evaluation sets' tasks (testbed/grids/<grid>.yaml: base.training) and the tuning task (ci.yaml).
-TASKS = {
-    "ci (tuning)": ("mlp", 1024, "digits"),
-    "eval (set 1)": ("cnn", 512, "digits"),
-    "eval2 (set 2)": ("mlp", 512, "digits32"),
-    "eval3 (set 3)": ("mlp", 1024, "digits32"),
-    "eval4/5 (sets 4-5)": ("cnn", 1024, "digits"),
-}
+# The tuning task and the evaluation sets' tasks, as their grids define them (sets 4 and 5 share one).
+TASKS = {"ci (tuning)": "ci", "eval (set 1)": "eval", "eval2 (set 2)": "eval2", "eval3 (set 3)": "eval3",
+         "eval4/5 (sets 4-5)": "eval4"}
 DENSITIES = (0.01, 0.03, 0.1)
+
+
+@dataclass(frozen=True)
+class Task:
+    model: str
+    hidden: int
+    dataset: str
+    batch: int  # samples a step over all workers
+    lr: float
+    momentum: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.hidden} on {self.dataset}"
+
+
+def grid_task(grid: str) -> Task:
+    """The task of testbed/grids/<grid>.yaml (its base training, defaults filled)."""
+    _, cells, _ = load_grid(os.path.join("testbed", "grids", f"{grid}.yaml"))
+    job = parse_job(cells[0].job)
+    t = job.training
+    return Task(t["model"], t["hiddenSize"], t["dataset"], job.workers * t["batchSize"], t["lr"], t["momentum"])
 
 
 def _steps(r: dict | None, dense: float | None, density: bool) -> str:
@@ -100,21 +120,22 @@ def progress_readings(runs: str) -> list[str]:
     return rows
 
 
-def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read=None, density: float = 0.0,
-           error_feedback: bool = True, losses: list[float] | None = None) -> int:
-    """SGD as the workers run it (lr 0.05, momentum 0.9, 2 x 32 samples a step), one process: dense, or
-    TopK at ``density`` with or without error feedback. ``read(step, gradient, residual)`` after each
-    backward; ``losses`` gets the loss on a fixed 512 training samples after each update."""
+def _train(task: Task, seed: int, steps: int, read=None, density: float = 0.0, error_feedback: bool = True,
+           losses: list[float] | None = None) -> int:
+    """SGD as the grid's workers run it (its lr and momentum, all workers' samples in one step; without
+    the weight decay), one process: dense, or TopK at ``density`` with or without error feedback.
+    ``read(step, gradient, residual)`` after each backward; ``losses`` gets the loss on a fixed 512
+    training samples after each update."""
     torch.manual_seed(seed)
-    data = load_dataset({"dataset": dataset, "seed": seed})
-    net = build_model(model, data.input_shape, data.classes, hidden)
+    data = load_dataset({"dataset": task.dataset, "seed": seed})
+    net = build_model(task.model, data.input_shape, data.classes, task.hidden)
     fixed = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(99))[:512]
     params = list(net.parameters())
     n = sum(p.numel() for p in params)
     residual, velocity = torch.zeros(n), torch.zeros(n)
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
-        batch = torch.randint(0, len(data.train_y), (64,), generator=g)
+        batch = torch.randint(0, len(data.train_y), (task.batch,), generator=g)
         net.zero_grad()
         torch.nn.functional.cross_entropy(net(data.train_x[batch]), data.train_y[batch]).backward()
         grad = torch.cat([p.grad.flatten() for p in params])
@@ -127,18 +148,18 @@ def _train(model: str, hidden: int, dataset: str, seed: int, steps: int, read=No
             residual = x - update if error_feedback else residual
         if read:
             read(step, grad, residual)
-        velocity = 0.9 * velocity + update
+        velocity = task.momentum * velocity + update
         with torch.no_grad():
             offset = 0
             for p in params:
-                p -= 0.05 * velocity[offset:offset + p.numel()].view_as(p)
+                p -= task.lr * velocity[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
             if losses is not None:
                 losses.append(torch.nn.functional.cross_entropy(net(data.train_x[fixed]), data.train_y[fixed]).item())
     return n
 
 
-def captured_energy(model: str, hidden: int, dataset: str, seed: int) -> tuple[int, list[float]]:
+def captured_energy(task: Task, seed: int) -> tuple[int, list[float]]:
     """Mean e(d) of the dense gradient over steps 10-39 of dense training."""
     readings: list[list[float]] = []
 
@@ -148,14 +169,14 @@ def captured_energy(model: str, hidden: int, dataset: str, seed: int) -> tuple[i
             readings.append([(cumulative[max(0, int(d * grad.numel()) - 1)] / cumulative[-1]).item()
                              for d in DENSITIES])
 
-    n = _train(model, hidden, dataset, seed, 40, read)
+    n = _train(task, seed, 40, read)
     return n, [statistics.mean(r[i] for r in readings) for i in range(len(DENSITIES))]
 
 
-def residual_ratio(model: str, hidden: int, dataset: str, seed: int) -> float:
+def residual_ratio(task: Task, seed: int) -> float:
     """Mean ||residual|| / ||gradient|| over steps 20-59 of TopK 1% with error feedback."""
     readings: list[float] = []
-    _train(model, hidden, dataset, seed, 60,
+    _train(task, seed, 60,
            lambda step, grad, residual: readings.append((residual.norm() / grad.norm()).item()) if step >= 20
            else None, density=0.01)
     return statistics.mean(readings)
@@ -165,11 +186,12 @@ def structure() -> list[str]:
     head = " | ".join(f"e({100 * d:g}%) (1/e)" for d in DENSITIES)
     rows = [f"| task | parameters | {head} | residual / gradient at 1% with EF |",
             "| --- | ---: |" + " ---: |" * len(DENSITIES) + " ---: |"]
-    for name, task in TASKS.items():
-        seeds = [captured_energy(*task, seed) for seed in (0, 1)]
+    for name, grid in TASKS.items():
+        task = grid_task(grid)
+        seeds = [captured_energy(task, seed) for seed in (0, 1)]
         e = [statistics.mean(x) for x in zip(*(s[1] for s in seeds), strict=True)]
-        ratios = [residual_ratio(*task, seed) for seed in (0, 1)]
-        rows.append(f"| {name}: {task[0]} {task[1]} on {task[2]} | {seeds[0][0] / 1e6:.2f}M | "
+        ratios = [residual_ratio(task, seed) for seed in (0, 1)]
+        rows.append(f"| {name}: {task.label} | {seeds[0][0] / 1e6:.2f}M | "
                     + " | ".join(f"{x:.2f} ({1 / x:.2f}x)" for x in e)
                     + f" | {statistics.mean(ratios):.1f} ({min(ratios):.1f}-{max(ratios):.1f}) |")
     return rows
@@ -179,26 +201,28 @@ PILOT_STEPS = 30
 PILOTS = {"TopK+EF 1%": (0.01, True), "TopK+EF 3%": (0.03, True), "TopK 3%, no EF": (0.03, False)}
 
 
-def pilot_ratio(task: tuple, seed: int, density: float, error_feedback: bool) -> float:
-    """Dense steps per step of a short pilot: PILOT_STEPS steps compressed reach a loss (on a fixed batch)
-    that dense training reached in s steps; the ratio PILOT_STEPS / s (0: dense never got there, the
+def pilot_ratio(dense: list[float], compressed: list[float]) -> float:
+    """Dense steps per step of a short pilot: the compressed run's last loss (on the fixed batch) was
+    reached by dense training in s steps; the ratio len(compressed) / s (0: dense never got there, the
     compressed run was ahead)."""
-    dense: list[float] = []
-    compressed: list[float] = []
-    _train(*task, seed, PILOT_STEPS, losses=dense)
-    _train(*task, seed, PILOT_STEPS, density=density, error_feedback=error_feedback, losses=compressed)
     s = next((i for i, x in enumerate(dense, 1) if x <= compressed[-1]), None)
-    return PILOT_STEPS / s if s else 0.0
+    return len(compressed) / s if s else 0.0
 
 
 def pilots() -> list[str]:
     rows = [f"| task | {' | '.join(PILOTS)} |", "| --- |" + " ---: |" * len(PILOTS)]
-    for name, task in TASKS.items():
-        cells = []
-        for density, ef in PILOTS.values():
-            r = [pilot_ratio(task, seed, density, ef) for seed in (0, 1, 2)]
-            cells.append(" ".join(f"{x:.2f}" if x else "<1" for x in r))
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, grid in TASKS.items():
+        task = grid_task(grid)
+        ratios: dict[str, list[float]] = {pilot: [] for pilot in PILOTS}
+        for seed in (0, 1, 2):
+            dense: list[float] = []
+            _train(task, seed, PILOT_STEPS, losses=dense)  # once per seed: every pilot is read against it
+            for pilot, (density, ef) in PILOTS.items():
+                compressed: list[float] = []
+                _train(task, seed, PILOT_STEPS, density=density, error_feedback=ef, losses=compressed)
+                ratios[pilot].append(pilot_ratio(dense, compressed))
+        rows.append(f"| {name} | " + " | ".join(" ".join(f"{x:.2f}" if x else "<1" for x in r)
+                                               for r in ratios.values()) + " |")
     return rows
 
 
