@@ -28,15 +28,20 @@ OUT_DIR_ENV = "NETSENSE_OUT"  # where the worker writes timeline and result (loc
 RESULT_PATH_ENV = "NETSENSE_RESULT_PATH"  # rank 0's result.json, also here (a pod's termination message)
 PROFILE_START_ENV = "NETSENSE_PROFILE_START_FILE"  # rank 0 writes the training clock's start there
 QUEUE_SUMMARY_ENV = "NETSENSE_QUEUE_SUMMARY"  # the shaper's queue summary, for rank 0's result
+# The variables that choose which interface or network the collectives use. With a profile set the operator
+# pins them (below) and a job may not set them: they would move the training traffic off the shaped interface.
+TRANSPORT_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+TRANSPORT_ENV_PREFIXES = ("NCCL_IB_", "NCCL_NET", "NCCL_COLLNET")
 
 
 def worker_env(job: Job, rank: int, master_addr: str, job_file: str, interface: str | None,
                extra: dict[str, str] | None = None) -> dict[str, str]:
     """The variables `netsense worker` reads.
 
-    ``interface``: the shaped interface, where shaping binds. tc shapes what leaves through it, so gloo and
-    NCCL are pinned to it and NCCL is kept off InfiniBand (which would bypass the shaper); None leaves the
-    libraries to choose (an unshaped pod on a GPU cluster keeps its fast fabric).
+    ``interface``: the shaped interface, where shaping binds. tc shapes what leaves through it, so gloo, NCCL
+    and TensorPipe are pinned to it, and NCCL to its socket transport (no InfiniBand, no network plugin, no
+    CollNet: each would bypass the shaper). Variables given here win over a container's envFrom. None leaves
+    the libraries to choose (an unshaped pod on a GPU cluster keeps its fast fabric).
     """
     env = {
         "MASTER_ADDR": master_addr,
@@ -49,7 +54,8 @@ def worker_env(job: Job, rank: int, master_addr: str, job_file: str, interface: 
         "PYTHONUNBUFFERED": "1",
     }
     if interface:
-        env.update({"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface, "NCCL_IB_DISABLE": "1"})
+        env.update({name: interface for name in TRANSPORT_ENV})
+        env.update({"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_COLLNET_ENABLE": "0"})
     env.update(extra or {})
     return env
 

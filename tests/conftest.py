@@ -47,11 +47,12 @@ def kube(control_plane):
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(control_plane, kube):
-    """The operator's identity: a ServiceAccount token with exactly manifests/base/rbac.yaml."""
+    """The operator's identity: a ServiceAccount token with exactly manifests/base/rbac.yaml, fenced by
+    manifests/base/admission-policy.yaml (every operator test runs inside the fence)."""
     from support.kube import REPO
 
-    kube.apply_file(os.path.join(REPO, "manifests", "base", "namespace.yaml"))
-    kube.apply_file(os.path.join(REPO, "manifests", "base", "rbac.yaml"))
+    for name in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
+        kube.apply_file(os.path.join(REPO, "manifests", "base", name))
     return control_plane.token_kubeconfig("netsense-operator", "netsense-system")
 
 

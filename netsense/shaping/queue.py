@@ -39,6 +39,21 @@ from netsense.shaping.shaper import clock_now
 FIELDS = ["t", "dev", "backlog_bytes", "backlog_packets", "queue_delay_ms", "drops", "sent_bytes", "rate_mbit"]
 
 
+def write_shared(path: str, text: str) -> None:
+    """Replace ``path`` atomically, in a directory another, less privileged container may write too (the
+    trainer's and the shaper's shared volume): a link planted at the temporary name is removed, never
+    followed (O_NOFOLLOW | O_EXCL), so a root shaper writes nowhere but here."""
+    tmp = f"{path}.tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 @dataclass(frozen=True)
 class Link:
     """A shaped device to sample: its label in the CSV, and where it lives."""
@@ -124,10 +139,7 @@ class Sampler:
 
     def _write_summary(self) -> None:
         if self.summary_path:
-            tmp = f"{self.summary_path}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump({"links": self.summary()}, fh)
-            os.replace(tmp, self.summary_path)
+            write_shared(self.summary_path, json.dumps({"links": self.summary()}))
 
     def run(self) -> None:
         """Sample until stop() (blocking); see the module docstring."""

@@ -300,12 +300,6 @@ NETWORK = Obj({
     {"rule": "!has(self.crossTraffic) || size(self.crossTraffic) == 0 || self.topology == 'shared'",
      "message": "crossTraffic needs topology: shared"}])
 
-def _check_pod_template(spec: dict, path: str, errors: Errors) -> None:
-    if spec.get("podTemplate"):
-        for where, message in podtemplate.check(spec["podTemplate"], _join(path, "podTemplate")):
-            errors.add(where, message)
-
-
 RUN_POLICY = Obj({
     "backoffLimit": F(Int(min=0), default=2),
     "activeDeadlineSeconds": F(Int(min=1, doc="fail the job this long after it started (or was resumed)")),
@@ -325,16 +319,13 @@ SPEC = Obj({
                           "one field a started job may change"), default=False),
     "image": F(Str(), default=DEFAULT_IMAGE),
     "imagePullPolicy": F(Str(enum=("Always", "IfNotPresent", "Never")), default="IfNotPresent"),
-    "resources": F(Free(doc="Kubernetes resource requirements of the trainer container")),
-    "podTemplate": F(Free(doc="cluster: merged into every worker pod (labels, annotations, nodeSelector, "
-                              "tolerations, affinity, priorityClassName, schedulerName, imagePullSecrets, volumes; "
-                              "per container, trainer or shaper: env, envFrom, volumeMounts, resources); what the "
-                              "operator sets is refused")),
+    "resources": F(podtemplate.RESOURCES),
+    "podTemplate": F(podtemplate.POD_TEMPLATE),
     "training": F(TRAINING, default=dict),
     "compression": F(COMPRESSION, default=dict),
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
-}, checks=[_check_pod_template])
+}, checks=[podtemplate.check_shaped], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,

@@ -1,69 +1,284 @@
 """spec.podTemplate: what a cluster needs of a worker pod that the job does not say, merged into the pods the
-operator builds (in the spirit of Kubeflow's replica pod templates, as an override, not a base).
+operator builds. An ALLOW-list: a shaped job runs in a namespace whose Pod Security level is "privileged" (the
+shaper needs NET_ADMIN), so Pod Security cannot refuse anything a pod asks for there, and whatever the template
+passes through, the operator's service account creates. So it carries only what cannot widen privilege or move
+the training traffic off the shaped interface:
 
     podTemplate:
-      metadata: {labels: {...}, annotations: {...}}
-      spec:                                   # any PodSpec field but the ones the operator owns
-        nodeSelector: {nvidia.com/gpu.present: "true"}
-        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-        priorityClassName: training
-        schedulerName: volcano                # a gang scheduler
-        volumes: [{name: data, persistentVolumeClaim: {claimName: cifar100}}]
-        containers:                           # by name: trainer, or shaper (the sidecar)
+      metadata: {labels: {...}, annotations: {...}}     # not the operator's, not security or network ones
+      spec:
+        nodeSelector, affinity, tolerations, topologySpreadConstraints, priorityClassName, schedulerName,
+        runtimeClassName, imagePullSecrets,
+        volumes: [...]      # persistentVolumeClaim, configMap, secret, emptyDir, projected, csi, ephemeral,
+                            # downwardAPI: never hostPath
+        containers:         # the trainer only
           - name: trainer
-            env: [{name: NCCL_DEBUG, value: WARN}]
-            volumeMounts: [{name: data, mountPath: /data, readOnly: true}]
-            resources: {limits: {nvidia.com/gpu: 1}}
+            env, envFrom, volumeMounts, resources
 
-Merging: labels and annotations are added; lists (volumes, tolerations, imagePullSecrets, ...) are appended to
-the operator's; maps (nodeSelector) are merged; other fields are set. A container's env, envFrom and
-volumeMounts are appended, its resources replace the operator's. What the operator owns (the gang's labels,
-restartPolicy, hostname, the rendezvous and result variables, a container's command and image) is an error at
-validation, naming the field, never silently overridden. Everything else is for the API server to judge: a pod
-it refuses fails the job with its message.
+runtimeClassName is allowed: a RuntimeClass is made by a cluster admin (the `nvidia` runtime of a GPU node, a
+sandbox such as gVisor) and selects a handler; it cannot add a capability or a host namespace.
+
+Everything else is refused, naming the field and, for the fields a user is likely to try, saying why; the same
+rules are CEL rules in the CRD (refused at `kubectl apply`) and checks here (`netsense validate`, the operator).
+The shaper is the operator's alone: its image, env, mounts and command come from the operator's configuration.
+
+Merging: labels and annotations are added; lists (volumes, tolerations, ...) are appended to the operator's; maps
+(nodeSelector) are merged; other fields are set. The trainer's env, envFrom and volumeMounts are appended, its
+resources replace the operator's.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 
-from netsense.gang import CONTAINERS, RENDEZVOUS_ENV  # containers by name: trainer, or shaper
+from netsense.gang import RENDEZVOUS_ENV, TRAINER, TRANSPORT_ENV, TRANSPORT_ENV_PREFIXES
+from netsense.spec.schema import (
+    Bool,
+    Errors,
+    F,
+    Free,
+    Int,
+    ListOf,
+    MapOf,
+    Obj,
+    Quantity,
+    Refused,
+    Str,
+)
 
-OWNED_SPEC = ("containers", "initContainers", "restartPolicy", "hostname", "subdomain")
-CONTAINER_FIELDS = ("name", "env", "envFrom", "volumeMounts", "resources")
-OWNED_ENV = RENDEZVOUS_ENV
 OWNED_LABEL_PREFIX = "netsense.dev/"
-OPERATOR_VOLUMES = ("netsense-run", "netsense-job")
+OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp")
+# Annotations that loosen a container's confinement or give the pod another network (which the shaper does not
+# see), and the CNI bandwidth plugin's, which would shape the pod a second time.
+REFUSED_ANNOTATIONS = {
+    "container.apparmor.security.beta.kubernetes.io/": "would change a container's AppArmor profile",
+    "seccomp.security.alpha.kubernetes.io/": "would change the pod's seccomp profile",
+    "k8s.v1.cni.cncf.io/": "would attach another network to the pod, one the shaper does not shape",
+    "kubernetes.io/ingress-bandwidth": "would shape the pod a second time (the profile is the pod's link)",
+    "kubernetes.io/egress-bandwidth": "would shape the pod a second time (the profile is the pod's link)",
+}
+# Inline values of variables with these names are refused: the value would travel in the job's YAML, where
+# anyone who reads the job reads it. valueFrom.secretKeyRef (or envFrom.secretRef) keeps it a Secret.
+CREDENTIAL_NAME = r"(?i)(PASSW|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)"
+# What a shaped trainer may ask for: compute, memory, storage and GPUs. Another device (an RDMA NIC, an EFA or
+# SR-IOV interface) would carry the collectives past the shaper, which only sees the pod's eth0.
+SHAPED_RESOURCES = ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu", "amd.com/gpu")
+SHAPED_RESOURCE_PREFIXES = ("hugepages-", "nvidia.com/mig-", "gpu.intel.com/")
+
+_MAX_ENV = 128
+_NAME = Str(max_length=253)
 
 
-def check(template: dict, path: str = "spec.podTemplate") -> list[tuple[str, str]]:
-    """(field path, message) for every part of the template that the operator owns or cannot place."""
-    issues: list[tuple[str, str]] = []
-    unknown = set(template) - {"metadata", "spec"}
-    issues += [(f"{path}.{k}", "unknown field (known: metadata, spec)") for k in sorted(unknown)]
-    meta = template.get("metadata") or {}
-    issues += [(f"{path}.metadata.{k}", "unknown field (known: labels, annotations)")
-               for k in sorted(set(meta) - {"labels", "annotations"})]
-    issues += [(f"{path}.metadata.labels.{k}", "set by the operator (the gang is selected by these)")
-               for k in (meta.get("labels") or {}) if k.startswith(OWNED_LABEL_PREFIX)]
-    spec = template.get("spec") or {}
-    issues += [(f"{path}.spec.{k}", "set by the operator") for k in OWNED_SPEC if k in spec and k != "containers"]
-    volumes = [v.get("name") for v in spec.get("volumes") or [] if isinstance(v, dict)]
-    issues += [(f"{path}.spec.volumes", f"{name!r} is the operator's volume") for name in volumes
-               if name in OPERATOR_VOLUMES]
-    for i, c in enumerate(spec.get("containers") or []):
-        where = f"{path}.spec.containers[{i}]"
-        if not isinstance(c, dict) or c.get("name") not in CONTAINERS:
-            issues.append((f"{where}.name", f"must be one of {', '.join(CONTAINERS)} (the containers are the "
-                                            f"operator's; these add to them)"))
-            continue
-        issues += [(f"{where}.{k}", f"set by the operator (may add: {', '.join(CONTAINER_FIELDS[1:])})")
-                   for k in c if k not in CONTAINER_FIELDS]
-        issues += [(f"{where}.env[{j}]", f"{e.get('name')} is set by the operator")
-                   for j, e in enumerate(c.get("env") or []) if isinstance(e, dict) and
-                   (e.get("name") in OWNED_ENV or str(e.get("name", "")).startswith("NETSENSE_"))]
-    return issues
+def _is_transport(name: str) -> bool:
+    return name in TRANSPORT_ENV or name.startswith(TRANSPORT_ENV_PREFIXES)
 
+
+def _transport_cel(var: str) -> str:
+    return " || ".join([f"{var} in {list(TRANSPORT_ENV)}", *(f"{var}.startsWith('{p}')" for p in TRANSPORT_ENV_PREFIXES)])
+
+
+def _check_env_var(e: dict, path: str, errors: Errors) -> None:
+    name = e["name"]
+    if name in RENDEZVOUS_ENV or name.startswith("NETSENSE_"):
+        errors.add(f"{path}.name", f"{name} is set by the operator")
+    if "value" in e and re.search(CREDENTIAL_NAME, name):
+        errors.add(f"{path}.value", f"{name} looks like a credential: an inline value travels in the job's YAML, "
+                                    "readable by anyone who can read the job; use valueFrom.secretKeyRef")
+
+
+ENV_VAR = Obj({
+    "name": F(_NAME, required=True),
+    "value": F(Str()),
+    "valueFrom": F(Free(doc="secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")),
+}, checks=[_check_env_var], cel=[
+    {"rule": f"!(self.name in {list(RENDEZVOUS_ENV)} || self.name.startsWith('NETSENSE_'))",
+     "message": "this variable is set by the operator", "fieldPath": ".name"},
+    {"rule": f"!has(self.value) || !self.name.matches('{CREDENTIAL_NAME}')",
+     "message": "looks like a credential: an inline value travels in the job's YAML, readable by anyone who can "
+                "read the job; use valueFrom.secretKeyRef", "fieldPath": ".value"},
+])
+
+RESOURCES = Obj({
+    "requests": F(MapOf(Quantity(), max_properties=32)),
+    "limits": F(MapOf(Quantity(), max_properties=32)),
+    "claims": F(Refused("dynamic resource claims are not supported for workers", type="array")),
+}, doc="Kubernetes resource requirements")
+
+
+def _check_trainer(c: dict, path: str, errors: Errors) -> None:
+    if c["name"] != TRAINER:
+        errors.add(f"{path}.name", _ONLY_TRAINER)
+
+
+_ONLY_TRAINER = ("only the trainer may be given env, envFrom, volumeMounts and resources here: the shaper, the one "
+                 "container with NET_ADMIN, is the operator's alone (its image, env, mounts and command come from "
+                 "the operator's configuration)")
+
+CONTAINER = Obj({
+    "name": F(Str(doc="trainer"), required=True),
+    "env": F(ListOf(ENV_VAR, max_items=_MAX_ENV)),
+    "envFrom": F(ListOf(Obj({"configMapRef": F(Free()), "secretRef": F(Free()), "prefix": F(Str())}),
+                        max_items=32)),
+    "volumeMounts": F(ListOf(Obj({
+        "name": F(_NAME, required=True),
+        "mountPath": F(Str(), required=True),
+        "readOnly": F(Bool()),
+        "subPath": F(Str()),
+        "subPathExpr": F(Str()),
+    }), max_items=32)),
+    "resources": F(RESOURCES),
+    "image": F(Refused("the trainer's image is spec.image", type="string")),
+    "command": F(Refused("the trainer runs `netsense worker`, configured by the job", type="strings")),
+    "args": F(Refused("the trainer runs `netsense worker`, configured by the job", type="strings")),
+    "securityContext": F(Refused("the trainer runs as a non-root user with no capabilities; the operator sets it")),
+}, checks=[_check_trainer], cel=[{"rule": f"self.name == '{TRAINER}'", "message": _ONLY_TRAINER,
+                                  "fieldPath": ".name"}])
+
+
+def _check_volume(v: dict, path: str, errors: Errors) -> None:
+    if v["name"] in OPERATOR_VOLUMES:
+        errors.add(f"{path}.name", f"{v['name']!r} is the operator's volume")
+
+
+_PROJECTION = Obj({
+    "configMap": F(Free()), "secret": F(Free()), "downwardAPI": F(Free()), "clusterTrustBundle": F(Free()),
+    "serviceAccountToken": F(Refused("workers never talk to the API server: no service account token")),
+})
+
+VOLUME = Obj({
+    "name": F(Str(max_length=63), required=True),
+    "persistentVolumeClaim": F(Free()),
+    "configMap": F(Free()),
+    "secret": F(Free()),
+    "emptyDir": F(Free()),
+    "projected": F(Obj({"sources": F(ListOf(_PROJECTION, max_items=16)), "defaultMode": F(Int(min=0))})),
+    "csi": F(Free()),
+    "ephemeral": F(Free()),
+    "downwardAPI": F(Free()),
+    "hostPath": F(Refused("a hostPath volume would mount the node's filesystem into the pod")),
+}, checks=[_check_volume], cel=[{"rule": f"!(self.name in {list(OPERATOR_VOLUMES)})",
+                                 "message": "this is the operator's volume", "fieldPath": ".name"}])
+
+_OFF_THE_LINK = "would take the pod off the shaped interface (onto the node's own network, unshaped)"
+POD_SPEC = Obj({
+    "nodeSelector": F(MapOf(Str(), max_properties=64)),
+    "affinity": F(Free()),
+    "tolerations": F(ListOf(Free(), max_items=64)),
+    "topologySpreadConstraints": F(ListOf(Free(), max_items=16)),
+    "priorityClassName": F(Str()),
+    "schedulerName": F(Str(doc="a gang scheduler, e.g. volcano")),
+    "runtimeClassName": F(Str(doc="a RuntimeClass a cluster admin made, e.g. nvidia")),
+    "imagePullSecrets": F(ListOf(Obj({"name": F(Str(), required=True)}), max_items=16)),
+    "volumes": F(ListOf(VOLUME, max_items=64)),
+    "containers": F(ListOf(CONTAINER, max_items=1, doc="the trainer's additions")),
+    "hostNetwork": F(Refused(f"hostNetwork {_OFF_THE_LINK}", type="boolean")),
+    "hostPID": F(Refused("hostPID would show the pod every process of its node", type="boolean")),
+    "hostIPC": F(Refused("hostIPC would share the node's IPC namespace with the pod", type="boolean")),
+    "hostUsers": F(Refused("the pod's user namespace is the runtime's default", type="boolean")),
+    "securityContext": F(Refused("the operator sets the pod's security context (the trainer: non-root, no "
+                                 "capabilities, seccomp RuntimeDefault)")),
+    "shareProcessNamespace": F(Refused("would let the trainer see the shaper's processes", type="boolean")),
+    "serviceAccountName": F(Refused("workers never talk to the API server (no service account token)", type="string")),
+    "automountServiceAccountToken": F(Refused("workers never talk to the API server (no service account token)", type="boolean")),
+    "nodeName": F(Refused("skips the scheduler; use nodeSelector or affinity", type="string")),
+    "initContainers": F(Refused("the pod's containers are the operator's (the shaper runs first)", type="array")),
+    "ephemeralContainers": F(Refused("the pod's containers are the operator's", type="array")),
+    "restartPolicy": F(Refused("set by the operator: a failed rank restarts the whole gang", type="string")),
+    "hostname": F(Refused("set by the operator (the rank)", type="string")),
+    "subdomain": F(Refused("set by the operator", type="string")),
+    "dnsPolicy": F(Refused("the pods resolve the rendezvous Service through the cluster's DNS", type="string")),
+})
+
+
+def _check_metadata(m: dict, path: str, errors: Errors) -> None:
+    for key in m.get("labels") or {}:
+        if key.startswith(OWNED_LABEL_PREFIX):
+            errors.add(f"{path}.labels.{key}", "set by the operator (the gang is selected by these)")
+    for key in m.get("annotations") or {}:
+        if key.startswith(OWNED_LABEL_PREFIX):
+            errors.add(f"{path}.annotations.{key}", "set by the operator")
+        for prefix, why in REFUSED_ANNOTATIONS.items():
+            if key.startswith(prefix):
+                errors.add(f"{path}.annotations.{key}", why)
+
+
+METADATA = Obj({
+    "labels": F(MapOf(Str(), max_properties=64)),
+    "annotations": F(MapOf(Str(), max_properties=64)),
+}, checks=[_check_metadata], cel=[
+    {"rule": f"!has(self.labels) || self.labels.all(k, !k.startsWith('{OWNED_LABEL_PREFIX}'))",
+     "message": f"labels under {OWNED_LABEL_PREFIX} are set by the operator (the gang is selected by these)",
+     "fieldPath": ".labels"},
+    *({"rule": f"!has(self.annotations) || self.annotations.all(k, !k.startsWith('{prefix}'))",
+       "message": f"an annotation {prefix}... {why}", "fieldPath": ".annotations"}
+      for prefix, why in {OWNED_LABEL_PREFIX: "is set by the operator", **REFUSED_ANNOTATIONS}.items()),
+])
+
+POD_TEMPLATE = Obj({"metadata": F(METADATA), "spec": F(POD_SPEC)},
+                   doc="cluster: merged into every worker pod; an allow-list (see the README's Security section): "
+                       "labels, annotations, scheduling (nodeSelector, affinity, tolerations, "
+                       "topologySpreadConstraints, priorityClassName, schedulerName, runtimeClassName), "
+                       "imagePullSecrets, volumes of the kinds a training job uses (never hostPath), and the "
+                       "trainer's env, envFrom, volumeMounts and resources")
+
+
+# ---- what a shaped job may not ask of its trainer (needs the whole spec: the profile, the template) ----------
+
+def _trainer_containers(spec: dict) -> list[dict]:
+    return [c for c in ((spec.get("podTemplate") or {}).get("spec") or {}).get("containers") or [] if c]
+
+
+def _shaped_resource(name: str) -> bool:
+    return name in SHAPED_RESOURCES or name.startswith(SHAPED_RESOURCE_PREFIXES)
+
+
+def check_shaped(spec: dict, path: str, errors: Errors) -> None:
+    """With a profile set, nothing may move the trainer's traffic off the shaped interface: no variable that
+    chooses the collectives' interface or network, no device that carries traffic past the shaper."""
+    if not (spec.get("network") or {}).get("profile"):
+        return
+    why = "with a profile set, the collectives must use the shaped interface (the operator pins it)"
+    for i, c in enumerate(_trainer_containers(spec)):
+        for j, e in enumerate(c.get("env") or []):
+            if e and _is_transport(e["name"]):
+                errors.add(f"{path}.podTemplate.spec.containers[{i}].env[{j}].name", f"{e['name']}: {why}")
+    sources = [("resources", spec.get("resources"))]
+    sources += [(f"podTemplate.spec.containers[{i}].resources", c.get("resources"))
+                for i, c in enumerate(_trainer_containers(spec))]
+    for where, resources in sources:
+        for kind in ("requests", "limits"):
+            for name in ((resources or {}).get(kind) or {}):
+                if not _shaped_resource(name):
+                    errors.add(f"{path}.{where}.{kind}.{name}", _DEVICE_WHY)
+
+
+_DEVICE_WHY = ("with a profile set, the trainer may ask only for cpu, memory, ephemeral-storage, hugepages and "
+               "GPUs: another device (an RDMA NIC, say) would carry the collectives past the shaper")
+
+
+def _resources_cel(var: str) -> str:
+    ok = " || ".join([f"k in {list(SHAPED_RESOURCES)}", *(f"k.startsWith('{p}')" for p in SHAPED_RESOURCE_PREFIXES)])
+    return " && ".join(f"(!has({var}.{kind}) || {var}.{kind}.all(k, {ok}))" for kind in ("requests", "limits"))
+
+
+_SHAPED = "has(self.network) && has(self.network.profile)"
+_TRAINERS = "has(self.podTemplate) && has(self.podTemplate.spec) && has(self.podTemplate.spec.containers)"
+SHAPED_CEL = [
+    {"rule": f"!({_SHAPED}) || !({_TRAINERS}) || self.podTemplate.spec.containers.all(c, !has(c.env) || "
+             f"c.env.all(e, !({_transport_cel('e.name')})))",
+     "message": "with a profile set, the collectives must use the shaped interface: the trainer's env may not set "
+                f"{', '.join(TRANSPORT_ENV)} or {'*, '.join(TRANSPORT_ENV_PREFIXES)}*",
+     "fieldPath": ".podTemplate.spec.containers"},
+    {"rule": f"!({_SHAPED}) || !has(self.resources) || ({_resources_cel('self.resources')})",
+     "message": _DEVICE_WHY, "fieldPath": ".resources"},
+    {"rule": f"!({_SHAPED}) || !({_TRAINERS}) || "
+             f"self.podTemplate.spec.containers.all(c, !has(c.resources) || ({_resources_cel('c.resources')}))",
+     "message": _DEVICE_WHY, "fieldPath": ".podTemplate.spec.containers"},
+]
+
+
+# ---- merging into the operator's pod -------------------------------------------------------------------------
 
 def quantities(resources: dict) -> dict:
     """Resource requirements with every quantity a string, as the API's types have them (YAML reads
@@ -91,14 +306,11 @@ def apply(pod: dict, template: dict | None) -> dict:
             spec[key] = {**spec[key], **copy.deepcopy(value)}
         else:
             spec[key] = copy.deepcopy(value)
-    ours = {c["name"]: c for c in spec.get("containers", []) + spec.get("initContainers", [])}
+    trainer = next(c for c in spec["containers"] if c["name"] == TRAINER)
     for extra in (template.get("spec") or {}).get("containers") or []:
-        container = ours.get(extra["name"])
-        if container is None:  # the shaper, on a job without a profile
-            continue
         for key in ("env", "envFrom", "volumeMounts"):
             if extra.get(key):
-                container[key] = container.get(key, []) + copy.deepcopy(extra[key])
+                trainer[key] = trainer.get(key, []) + copy.deepcopy(extra[key])
         if extra.get("resources"):
-            container["resources"] = quantities(extra["resources"])
+            trainer["resources"] = quantities(extra["resources"])
     return out

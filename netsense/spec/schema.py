@@ -203,6 +203,7 @@ class Free(Node):
 class ListOf(Node):
     item: Node = field(default_factory=Free)
     min_items: int = 0
+    max_items: int | None = None  # also bounds what a CEL rule over the items may cost the API server
     doc: str = ""
 
     def parse(self, value, path, errors):
@@ -211,13 +212,84 @@ class ListOf(Node):
             return None
         if len(value) < self.min_items:
             errors.add(path, f"needs at least {self.min_items} item(s)")
+        if self.max_items is not None and len(value) > self.max_items:
+            errors.add(path, f"at most {self.max_items} item(s) (got {len(value)})")
         return [self.item.parse(v, _join(path, i), errors) for i, v in enumerate(value)]
 
     def openapi(self):
         s = {"type": "array", "items": self.item.openapi()}
         if self.min_items:
             s["minItems"] = self.min_items
+        if self.max_items is not None:
+            s["maxItems"] = self.max_items
         return self._described(s)
+
+
+@dataclass
+class MapOf(Node):
+    """A mapping from string keys to values of one kind (labels, a nodeSelector, resource quantities)."""
+
+    value: Node = field(default_factory=lambda: Str())
+    max_properties: int | None = None
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if not isinstance(value, dict):
+            errors.add(path, f"must be a mapping (got {value!r})")
+            return None
+        if self.max_properties is not None and len(value) > self.max_properties:
+            errors.add(path, f"at most {self.max_properties} entries (got {len(value)})")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                errors.add(path, f"keys must be strings (got {k!r})")
+                continue
+            out[k] = self.value.parse(v, _join(path, k), errors)
+        return out
+
+    def openapi(self):
+        s: dict = {"type": "object", "additionalProperties": self.value.openapi()}
+        if self.max_properties is not None:
+            s["maxProperties"] = self.max_properties
+        return self._described(s)
+
+
+@dataclass
+class Quantity(Node):
+    """A Kubernetes resource quantity: ``2``, ``500m``, ``16Gi`` (the API server checks the spelling)."""
+
+    doc: str = ""
+
+    def parse(self, value, path, errors):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            errors.add(path, f"must be a quantity such as 2, 500m or 16Gi (got {value!r})")
+        return value
+
+    def openapi(self):
+        return self._described({"x-kubernetes-int-or-string": True})
+
+
+@dataclass
+class Refused(Node):
+    """A field that exists elsewhere (in a PodSpec, say) and is refused here, with the reason. The CRD declares
+    it (any value) and refuses it with a CEL rule on its parent, so `kubectl apply` says why, not just
+    "unknown field"."""
+
+    reason: str = ""
+    type: str = "object"  # what the field is where it belongs: object, array, strings, boolean, string
+
+    def parse(self, value, path, errors):
+        errors.add(path, self.reason)
+        return None
+
+    def openapi(self):
+        anything = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        # CEL sees typed fields only: an array of objects or of strings ("strings"), or a scalar type.
+        if self.type == "array":
+            return {"type": "array", "items": anything}
+        if self.type == "strings":
+            return {"type": "array", "items": {"type": "string"}}
+        return anything if self.type == "object" else {"type": self.type}
 
 
 @dataclass
@@ -247,12 +319,13 @@ class Obj(Node):
             return {}
         out: dict = {}
         before = len(errors)
+        known = ", ".join(n for n, f in self.fields.items() if not isinstance(f.node, Refused))
         for key in value:
             if isinstance(key, bool):  # YAML 1.1 reads unquoted on/off/yes/no keys as booleans
                 errors.add(path, f"a key read as the boolean {key} (YAML takes unquoted on/off/yes/no for "
-                                 f"booleans); known fields: {', '.join(self.fields)}")
+                                 f"booleans); known fields: {known}")
             elif key not in self.fields:
-                errors.add(_join(path, key), f"unknown field (known: {', '.join(self.fields)})")
+                errors.add(_join(path, key), f"unknown field (known: {known})")
         for name, f in self.fields.items():
             sub = _join(path, name)
             if name in value and value[name] is not None:
@@ -281,8 +354,10 @@ class Obj(Node):
         req = [n for n, f in self.fields.items() if f.required]
         if req:
             s["required"] = req
-        if self.cel:
-            s["x-kubernetes-validations"] = self.cel
+        refused = [{"rule": f"!has(self.{name})", "message": f.node.reason, "fieldPath": f".{name}"}
+                   for name, f in self.fields.items() if isinstance(f.node, Refused)]
+        if self.cel or refused:
+            s["x-kubernetes-validations"] = [*self.cel, *refused]
         return self._described(s)
 
 

@@ -81,9 +81,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # Only the jobs' pods reach the operator (filtered by the API server, not after the fact): on a busy
     # cluster the watch carries a few pods per job instead of every pod there is.
     settings.watching.label_selectors["v1", "pods"] = res.LABEL_JOB_UID
-    port = int(os.environ.get("NETSENSE_METRICS_PORT", "9090"))
-    if port:
-        metrics.serve(port)
+    addr = metrics.parse_addr(os.environ.get("NETSENSE_METRICS_ADDR") or metrics.DEFAULT_ADDR)
+    if addr:
+        metrics.serve(addr)
 
 
 class Refused(Exception):

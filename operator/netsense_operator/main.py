@@ -74,5 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespace", action="append", default=None,
                    help="watch only this namespace (repeatable; default: every namespace)")
     p.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-addr", default=None,
+                   help="where to serve Prometheus metrics, unauthenticated: HOST:PORT or off (default: "
+                        "$NETSENSE_METRICS_ADDR, else 127.0.0.1:9090; the Deployment binds the pod's IP and a "
+                        "NetworkPolicy admits only the monitoring namespace)")
     args = p.parse_args(argv)
+    if args.metrics_addr is not None:
+        from netsense_operator.metrics import parse_addr
+
+        try:
+            parse_addr(args.metrics_addr)
+        except ValueError as e:
+            p.error(str(e))
+        os.environ["NETSENSE_METRICS_ADDR"] = args.metrics_addr  # read by the startup handler
     return run_operator(namespaces=args.namespace, liveness=args.liveness)

@@ -6,8 +6,10 @@
 - ``netsense_reconcile_seconds``: how long a reconcile pass takes (histogram).
 
 Small on purpose (no client library): a few numbers a dashboard or an alert
-on restarts and reconcile latency needs. Served on NETSENSE_METRICS_PORT
-(default 9090; 0 turns it off).
+on restarts and reconcile latency needs. Served, unauthenticated, on
+``--metrics-addr`` (NETSENSE_METRICS_ADDR; default 127.0.0.1:9090, off: no
+endpoint). The Deployment binds the pod's own IP and ships a NetworkPolicy
+that admits only the monitoring namespace.
 """
 
 from __future__ import annotations
@@ -92,7 +94,22 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("", port), _Handler)
+DEFAULT_ADDR = "127.0.0.1:9090"
+
+
+def parse_addr(addr: str) -> tuple[str, int] | None:
+    """``host:port`` (an IPv6 host in brackets) -> (host, port); None for ``off``. A port of its own: ':9090'
+    is refused, since an empty host would listen on every interface (say 0.0.0.0 if that is meant)."""
+    if addr.strip().lower() == "off":
+        return None
+    host, sep, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--metrics-addr: {addr!r} is not HOST:PORT (e.g. 127.0.0.1:9090, or off)")
+    return host, int(port)
+
+
+def serve(addr: tuple[str, int]) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(addr, _Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

@@ -46,6 +46,9 @@ START_FILE = f"{RUN_DIR}/profile-start"
 QUEUE_SUMMARY = f"{RUN_DIR}/queue.json"
 QUEUE_CSV = "/tmp/netsense-queue.csv"
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
+# The shaper's root filesystem is read-only: what it writes (the ready file, the queue samples) goes to a /tmp of
+# its own, and a link the trainer plants in the shared volume cannot point a root write into the image.
+SHAPER_TMP = {"name": "netsense-shaper-tmp", "mountPath": "/tmp"}
 # The job itself (job.json) and its profile (profile.json) reach the pods through a ConfigMap: a trace
 # profile of a few thousand points outgrows the 128 KiB that one argument or variable may hold (E2BIG).
 JOB_DIR = "/etc/netsense"
@@ -94,7 +97,11 @@ def config_name(job: str) -> str:
 
 
 def config_map(job: Job, namespace: str, uid: str) -> dict:
-    data = {"job.json": json.dumps(job.manifest(), separators=(",", ":"))}
+    """job.json (what the trainer reads) and profile.json (the shaper). Without spec.podTemplate: the worker has
+    no use for it, and a ConfigMap is readable by a namespace's `view` role, which a job's env is not."""
+    manifest = job.manifest()
+    manifest["spec"] = {k: v for k, v in manifest["spec"].items() if k != "podTemplate"}
+    data = {"job.json": json.dumps(manifest, separators=(",", ":"))}
     if job.network.get("profile"):
         data["profile.json"] = json.dumps(job.network["profile"], separators=(",", ":"))
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -131,16 +138,20 @@ def _shaper(job: Job, image: str) -> dict:
                     "--direction", net["direction"],
                     "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV,
                     "--queue-summary", QUEUE_SUMMARY],
-        "volumeMounts": [RUN_VOLUME, JOB_VOLUME],
+        "volumeMounts": [RUN_VOLUME, JOB_VOLUME, SHAPER_TMP],
+        # Root with NET_ADMIN alone, no privilege escalation, a read-only image. Not a non-root user: Kubernetes
+        # has no ambient capabilities (KEP-2763 is not implemented), so a non-root shaper could only get
+        # NET_ADMIN from file capabilities on tc, which need allowPrivilegeEscalation: true.
         "securityContext": {
             "runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": False,
+            "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
         },
         # The trainer starts only once the first profile step is in place: never unshaped.
         "startupProbe": {"exec": {"command": ["test", "-f", READY_FILE]}, "periodSeconds": 1,
                          "failureThreshold": 120},
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        # Limits on both, so a namespace quota that demands them admits the sidecar.
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
     }
 
 
@@ -182,6 +193,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         spec["initContainers"] = [_shaper(job, shaper_image)]
         trainer["volumeMounts"].append(RUN_VOLUME)
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+        spec["volumes"].append({"name": SHAPER_TMP["name"], "emptyDir": {}})  # queue samples: ~20 MB an hour
     return podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,

