@@ -446,3 +446,84 @@ def test_every_row_says_its_throughput_over_allreduce_on_the_same_link():
     assert by[("a", "topk")] == pytest.approx(2.5) and by[("b", "topk")] == pytest.approx(8.0)
     assert by[("a", "allreduce")] == pytest.approx(1.0)
     assert by[("c", "topk")] is None  # no allreduce on that link: nothing to compare with
+
+
+def _failed(method, scenario, seed, reason="rank 1 exited with 137"):
+    """A cell that failed, as run_bench records it: the status and reason, no measurements."""
+    return {"status": "Failed", "reason": reason, "method_label": method, "scenario": scenario, "seed": seed,
+            "timeline": None}
+
+
+def test_failed_runs_are_counted_and_never_averaged_as_zeros():
+    """A seed that failed has no time, no throughput, no accuracy: the row counts it (failed, and not reached
+    in 'reached'), takes no mean over the seeds as if it had reached (TTA, regret), averages the other
+    measurements over the runs that have them (not zeros for the failed one), and the paired comparison uses
+    only the seeds both methods finished."""
+    results = [_r("a", "s", 0, 10, sps=100.0), _failed("a", "s", 1), _r("a", "s", 2, 12, sps=300.0),
+               _r("b", "s", 0, 20), _r("b", "s", 1, 22), _r("b", "s", 2, 24),
+               _failed("c", "s", 0), _failed("c", "s", 1), _failed("c", "s", 2)]
+    by = {r["method"]: r for r in summarize(results)}
+    a, b, c = by["a"], by["b"], by["c"]
+    assert (a["seeds"], a["failed"], a["reached"]) == (3, 1, "2/3")
+    assert a["tta_mean_s"] is None and a["tta_std_s"] is None and math.isinf(a["regret"])
+    assert a["samples_per_s"] == pytest.approx(200.0)  # (100 + 300) / 2, not / 3
+    assert a["best_accuracy"] == pytest.approx(0.9) and a["bytes_per_step"] == pytest.approx(1e5)
+    assert (a["vs"], a["pairs"]) == ("b", 2)  # seeds 0 and 2: the failed seed 1 is no pair
+    assert a["paired_ratio"] == pytest.approx(math.sqrt(10 / 20 * 12 / 24))
+    assert a["wins"] == pytest.approx(2 / 3) and b["wins"] == pytest.approx(1 / 3)  # seed 1: only b finished
+    assert (b["failed"], b["reached"], b["regret"]) == (0, "3/3", 1.0)
+    assert (c["seeds"], c["failed"], c["reached"]) == (3, 3, "0/3")
+    assert c["samples_per_s"] is None and c["tta_mean_s"] is None and math.isinf(c["regret"]) and c["wins"] == 0
+
+
+def test_failed_runs_count_as_not_reached_at_further_targets_and_in_sensitivity():
+    from netsense.bench.stats import at_targets, sensitivity
+
+    results = [_r("netsense", "s", 0, 10), _r("netsense", "s", 1, 12),
+               _r("netsense-alpha-0.25", "s", 0, 20), _failed("netsense-alpha-0.25", "s", 1)]
+    rows = summarize(results)
+    at_targets(results, rows, [0.85], epochs=None)
+    early = {r["method"]: r["targets"]["0.85"] for r in rows}
+    assert early["netsense-alpha-0.25"]["reached"] == "1/2" and early["netsense-alpha-0.25"]["tta_mean_s"] is None
+    assert early["netsense"]["reached"] == "2/2"
+    varied = {v["variant"]: v for v in sensitivity(results, {"sensitivity": SENSITIVITY})}
+    alpha = varied["netsense-alpha-0.25"]
+    assert (alpha["reached"], alpha["pairs"]) == ("1/2", 1) and alpha["ratio"] == pytest.approx(2.0)
+
+
+def _bench_with_a_failed_cell(tmp_path, monkeypatch):
+    """run_bench over 2 methods x 3 seeds on one link, topk-0.1's seed 1 failing."""
+    from netsense.bench import cells, report
+
+    def fake_run(cell, cell_dir, plot=False):
+        if (cell.method, cell.seed) == ("topk-0.1", 1):
+            return {"status": "Failed", "reason": "rank 1 exited with 137"}
+        return _r(cell.method, cell.scenario, cell.seed, 1.0 + cell.seed, sps=100.0 * (1 + cell.seed))
+
+    monkeypatch.setattr(cells, "run_local", fake_run)
+    monkeypatch.setattr(report, "plots", lambda *a: [])
+    out = tmp_path / "out"
+    code = run_bench(write(tmp_path, {**GRID, "seeds": [0, 1, 2]}), str(out))
+    return code, out
+
+
+def test_a_bench_with_a_failed_cell_says_so_in_its_exit_code_results_and_table(tmp_path, monkeypatch):
+    code, out = _bench_with_a_failed_cell(tmp_path, monkeypatch)
+    assert code == 1
+    failed = [r for r in json.loads((out / "summary.json").read_text()) if r["status"] != "Succeeded"]
+    assert [(r["method_label"], r["seed"], r["reason"]) for r in failed] == [("topk-0.1", 1, "rank 1 exited with 137")]
+    rows = {r["method"]: r for r in json.loads((out / "table.json").read_text())}
+    assert (rows["topk-0.1"]["failed"], rows["topk-0.1"]["reached"]) == (1, "2/3")
+    assert rows["topk-0.1"]["samples_per_s"] == pytest.approx(200.0)  # seeds 0 and 2: 100 and 300
+    assert rows["topk-0.1"]["tta_mean_s"] is None and rows["allreduce"]["tta_mean_s"] == pytest.approx(2.0)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "report.markdown has no failed column and never mentions failures: a failed seed shows only as "
+    "'reached 2/3', which the legend explains as 'not reached by every seed within the budget', and "
+    "samples/s, accuracy, density and bytes are means over the surviving seeds without saying so"))
+def test_the_summary_says_which_cells_failed(tmp_path, monkeypatch):
+    """summary.md, what a reader of a benchmark sees, tells a failed run from one that ran out of budget."""
+    _, out = _bench_with_a_failed_cell(tmp_path, monkeypatch)
+    md = (out / "summary.md").read_text()
+    assert "fail" in md.lower()

@@ -1,0 +1,181 @@
+"""Error feedback as a user relies on it, on real gloo worlds (2 ranks on loopback).
+
+- The adaptive methods (tta, dc2) switch between sparse and dense steps: what a sparse step did not send
+  must reach the model exactly once, across a dense step and back (no gradient mass lost or counted twice).
+- The paper's method as the paper runs it (``netsense`` with ``errorFeedback: false``): what a step does not
+  send is dropped, never carried into a later step.
+
+The controllers' decisions are forced (the policy's ``decide``, see ``_force``): which kind of step comes when is
+then the test's choice, not the timing of a loaded machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.ranks import run_world
+
+N = 50  # one Linear(N, 1) without bias: one bucket of N gradient entries, d/dw = x
+SPARSE_DENSITY = 0.1  # k = 5 of 50
+
+
+def _ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, gradient_as_bucket_view=True)
+
+
+def _exact_gradient(rank: int, step: int) -> torch.Tensor:
+    """Multiples of 1/8 in [-2, 2]: their sums, halves and fp16 roundings are exact, so conservation can be
+    checked to the last bit even through tta's fp16 values."""
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randint(-16, 17, (N,), generator=g).float() / 8
+
+
+def _force(state, method: str, plan: list[str]) -> None:
+    """Make the policy decide ``plan[step]`` for each step it decides: "sparse", "dense" or "dense16" (step 0,
+    the dense warm-up, is not the policy's). dc2 decides with its own ``decide`` at a density set for the step
+    (0.1: sparse; 1: dense, as the all_gather would carry more); tta's decisions have the shapes its
+    ``decide`` returns (sparse with fp16 values; dense fp16; dense fp32)."""
+    from netsense.control.policies import Decision, DelayDriven
+
+    policy = state.policy
+
+    def decide() -> Decision:
+        kind = plan[state.step + 1]  # the hook decides a step before counting it
+        if method == "dc2":
+            assert kind in ("sparse", "dense")
+            policy.density = SPARSE_DENSITY if kind == "sparse" else 1.0
+            return DelayDriven.decide(policy)
+        return {"sparse": Decision(density=SPARSE_DENSITY, fp16=True, dense=False),
+                "dense16": Decision(fp16=True), "dense": Decision()}[kind]
+
+    policy.decide = decide
+
+
+def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[str]]]) -> dict:
+    """Each case (method, config, plan) on a model of its own: per step, what the model received (the
+    averaged gradient), what this rank fed in and the residual it holds afterwards (fed and held summed over
+    the ranks); and each step's (dense, fp16) as recorded."""
+    import torch.distributed as dist
+
+    from netsense.compression import register
+
+    out = {}
+    for name, (method, config, plan) in cases.items():
+        model = torch.nn.Linear(N, 1, bias=False)
+        ddp = _ddp(model)
+        state = register(ddp, {"method": method, **config})
+        assert state.memory is not None, f"{method} runs with error feedback by default"
+        _force(state, method, plan)
+        received, fed, held = [], [], []
+        for step in range(len(plan)):
+            ddp.zero_grad()
+            x = _exact_gradient(rank, step)
+            ddp(x.view(1, -1)).sum().backward()
+            received.append(model.weight.grad.view(-1).clone())
+            fed.append(x)
+            held.append(sum(state.memory.residuals.values(), torch.zeros(N)))
+        state.finish()
+        totals = torch.stack([torch.stack(fed), torch.stack(held)])
+        dist.all_reduce(totals)
+        kinds = [(h["dense"], h["fp16"]) for h in state.history]
+        out[name] = torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds
+    return out
+
+
+PLANS = {  # step 0 is the dense warm-up
+    "tta": ["dense", "sparse", "sparse", "dense16", "sparse", "sparse", "dense", "sparse"],
+    "dc2": ["dense", "sparse", "sparse", "dense", "sparse", "sparse", "dense", "sparse"],
+}
+SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnKnee": True}, PLANS["tta"]),
+             "dc2": ("dc2", {}, PLANS["dc2"])}
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def switching() -> list[dict]:
+    """One 2-rank world runs every case (a world costs seconds to start)."""
+    return run_world(switching_run, WORLD, SWITCHING)
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("case", list(SWITCHING))
+def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict], case: str):
+    """After every step, world x (everything the model received so far) == everything the ranks fed in -
+    what they still hold: mass is neither lost at a switch nor counted twice. A dense step sends the
+    residual along (none is held after it), and the sparse steps after it start from an empty one."""
+    method, _, plan = SWITCHING[case]
+    received, fed, held, kinds = switching[0][case]
+    want = [(kind != "sparse", kind != "dense" and method == "tta") for kind in plan]
+    assert kinds == want, "the forced plan did not run: the test would not cover a switch"
+    assert switching[1][case][3] == kinds
+    got_so_far = torch.zeros(N)
+    fed_so_far = torch.zeros(N)
+    for step in range(len(plan)):
+        got_so_far += WORLD * torch.tensor(received[step])
+        fed_so_far += torch.tensor(fed[step])
+        holding = torch.tensor(held[step])
+        torch.testing.assert_close(got_so_far, fed_so_far - holding, rtol=0, atol=1e-5,
+                                   msg=f"{case} step {step}: received != fed - held")
+        if plan[step] != "sparse":
+            assert not holding.any(), f"{case} step {step}: a dense step left a residual behind"
+        else:
+            assert holding.any(), f"{case} step {step}: a sparse step of 5 of 50 sent everything"
+    assert switching[1][case][0] == received  # every rank received the same average
+
+
+NETSENSE_FIXED = {"method": "netsense", "quantize": False, "pruneFactor": 0.0,
+                  "initialRatio": SPARSE_DENSITY, "minRatio": SPARSE_DENSITY, "maxRatio": SPARSE_DENSITY}
+
+
+def _steady_gradient(rank: int) -> torch.Tensor:
+    """The same gradient every step (distinct magnitudes: TopK has no ties)."""
+    return torch.randn(N, generator=torch.Generator().manual_seed(7 + rank))
+
+
+def _top(g: torch.Tensor, k: int) -> torch.Tensor:
+    """g's k largest-magnitude entries in place, zeros elsewhere."""
+    keep = torch.topk(g.abs(), k).indices
+    return torch.zeros_like(g).index_copy_(0, keep, g[keep])
+
+
+def without_feedback_run(rank: int, world: int, steps: int):
+    """The same gradient every step into two models, netsense with error feedback off and on (the ratio
+    pinned at 10%, no fp16, no pruning): what each received per step, and whether the first keeps memory."""
+    from netsense.compression import register
+
+    runs = {}
+    for feedback in (False, True):
+        model = torch.nn.Linear(N, 1, bias=False)
+        ddp = _ddp(model)
+        state = register(ddp, {**NETSENSE_FIXED, "errorFeedback": feedback})
+        x = _steady_gradient(rank)
+        received = []
+        for _ in range(steps):
+            ddp.zero_grad()
+            ddp(x.view(1, -1)).sum().backward()
+            received.append(model.weight.grad.view(-1).tolist())
+        state.finish()
+        runs[feedback] = received, [h["dense"] for h in state.history], state.memory is None
+    return runs
+
+
+@pytest.mark.gloo
+def test_netsense_without_error_feedback_drops_what_it_does_not_send():
+    """The paper's NetSenseML (errorFeedback: false): each sparse step sends the TopK of that step's own
+    gradient and nothing else; the entries it leaves out are gone, not added to a later step. (With error
+    feedback on, the same steps do carry them: the test can tell the two apart.)"""
+    world, steps = 2, 5
+    runs = run_world(without_feedback_run, world, steps)[0]
+    received, dense, no_memory = runs[False]
+    assert dense[1:] == [False] * (steps - 1)
+    k = round(SPARSE_DENSITY * N)
+    grads = [_steady_gradient(r) for r in range(world)]
+    sparse = sum(_top(g, k) for g in grads) / world
+    for step in range(1, steps):
+        torch.testing.assert_close(torch.tensor(received[step]), sparse, rtol=0, atol=1e-6,
+                                   msg=f"step {step}: not this step's TopK alone")
+    assert no_memory, "errorFeedback: false must keep no residual"
+    with_feedback, _, without_memory = runs[True]
+    assert not without_memory and with_feedback[2] != with_feedback[1], \
+        "with error feedback on, the left-out entries were to come later"
