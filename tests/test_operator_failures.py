@@ -105,9 +105,6 @@ def test_a_name_taken_by_an_object_no_job_owns_fails_the_job_and_leaves_the_obje
         "the operator took over an object that is not its own"
 
 
-@pytest.mark.xfail(strict=True, reason="production bug: after a NameTaken (or any Refused) the operator deletes every "
-                                       "pod named like the gang (handlers._delete_gang deletes by name), including "
-                                       "one it has just said is not its own")
 def test_a_pod_name_taken_by_a_pod_no_job_owns_fails_the_job_and_that_pod_survives(kube, ns, operator):
     from netsense_operator import resources as res
 

@@ -156,10 +156,19 @@ def _delete_pods(namespace: str, pods: list[dict]) -> None:
         _delete("Pod", pod["metadata"]["name"], namespace)
 
 
-def _delete_gang(job: Job, namespace: str, attempt: int) -> None:
-    """Every pod of one attempt, by name: right even before the watch has seen them."""
+def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> None:
+    """Every pod of one attempt that this job owns, by name: right even before the watch has seen them. A pod
+    under such a name that another owns (the reason for a NameTaken) is not the job's to delete."""
     for rank in range(job.workers):
-        _delete("Pod", res.pod_name(job.name, attempt, rank), namespace)
+        name = res.pod_name(job.name, attempt, rank)
+        try:
+            pod = core().read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                continue
+            raise
+        if res.controller_uid(core().api_client.sanitize_for_serialization(pod)) == uid:
+            _delete("Pod", name, namespace)
 
 
 @kopf.index("v1", "pods", labels={res.LABEL_JOB_UID: kopf.PRESENT})
@@ -233,7 +242,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         _create_gang(job, namespace, uid, 0)
     except Refused as e:
         _fail_early(patch, body, e.reason, str(e))
-        _delete_gang(job, namespace, 0)  # a partial gang holds resources for nothing
+        _delete_gang(job, namespace, 0, uid)  # a partial gang holds resources for nothing
         return
     kopf.event(body, type="Normal", reason="GangCreated",
                message=f"{job.workers} worker pod(s) and the rendezvous service")
@@ -324,7 +333,7 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
                                       "(delete and re-create the job to apply the change)")
     attempt = int(status.get("attempt", 0))
     known = _pods(pods_by_job, uid)
-    if _suspension(job, namespace, known, spec, status, patch, body, conditions, attempt):
+    if _suspension(job, namespace, uid, known, spec, status, patch, body, conditions, attempt):
         return
     pods = []
     for pod in known:
@@ -384,7 +393,7 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
                 _update(patch, status, gangCreatedAt=st.now_iso())
     except Refused as e:
-        _delete_gang(job, namespace, attempt)  # partial: nothing ran, so nothing to keep for inspection
+        _delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
         finish(st.FAILED, e.reason, str(e), [])
         return
     if phase == st.PENDING:
@@ -424,8 +433,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     _update(patch, status, conditions=conditions)
 
 
-def _suspension(job: Job, namespace: str, pods: list[dict], spec: dict, status: dict, patch: kopf.Patch,
-                body: kopf.Body, conditions: list[dict], attempt: int) -> bool:
+def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict, status: dict,
+                patch: kopf.Patch, body: kopf.Body, conditions: list[dict], attempt: int) -> bool:
     """spec.suspend, the one field a started job may change: true deletes the gang (phase Suspended); false
     again resumes with a new attempt (not a restart) and a fresh activeDeadlineSeconds. True when this pass is
     done (the job is, or just became, suspended or resumed)."""
@@ -446,7 +455,7 @@ def _suspension(job: Job, namespace: str, pods: list[dict], spec: dict, status: 
     # Earlier attempts' leftovers as the watch shows them; the current gang by name, even pods created a moment
     # ago that the watch has not shown yet (each pod deleted once).
     _delete_pods(namespace, [p for p in pods if p["metadata"]["labels"].get(res.LABEL_ATTEMPT) != str(attempt)])
-    _delete_gang(job, namespace, attempt)
+    _delete_gang(job, namespace, attempt, uid)
     kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
     patch.status.update(phase=st.SUSPENDED, profileEpoch=None,
                         workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
