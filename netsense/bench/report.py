@@ -39,7 +39,9 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              f"{t.get('targetHold', 3)} evaluations in a row (TTA: the first of them); budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
-             "within the budget). Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
+             "within the budget). Failed = runs that ended in an error (each listed under its table with the "
+             "reason; they count as not reached, and the other columns are means over the runs that finished). "
+             "Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
              "common seeds of TTA / the best other method's TTA (named; a method's own variants are not "
              f"its peers: {_families(grid)}), with its bootstrap 95% interval: a "
              "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
@@ -56,16 +58,18 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                   "one worker alone, times the number of workers.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
-                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | steps | samples/s "
+                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | failed | steps "
+                  "| samples/s "
                   "| x allreduce | x ceiling | best acc | final acc "
                   "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| ---: "
                   "| ---: "
                   "| ---: | ---: | ---: | ---: |"]
         for r in rows:
             if r["scenario"] == scenario:
                 lines.append(f"| {r['method']} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
-                             f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {fmt(r.get('steps_to_target'), 0)} | "
+                             f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {r.get('failed', 0)} | {fmt(r.get('steps_to_target'), 0)} | "
                              f"{fmt(r['samples_per_s'], 0)} | {fmt(r.get('x_allreduce'))} | "
                              f"{fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
                              f"{fmt(r['best_accuracy'], 3)} | {fmt(r['final_accuracy'], 3)} | "
@@ -75,6 +79,10 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                              f"{fmt(r.get('step_queue_ms'), 1)} | "
                              f"{fmt(r.get('drops'), 0)} | {fmt(r.get('cross_mbit'), 1)} |")
         lines.append("")
+        failures = [(r["method"], f) for r in rows if r["scenario"] == scenario for f in r.get("failures", [])]
+        if failures:
+            lines += ["Failed runs:", ""] + [f"- {method}, seed {f['seed']}: {' '.join(str(f['reason']).split())}"
+                                             for method, f in failures] + [""]
         lines += _readings(grid, [r for r in rows if r["scenario"] == scenario])
     if varied:
         lines += _sensitivity(varied)

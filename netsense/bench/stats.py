@@ -125,6 +125,8 @@ def summarize(results: list[dict], family: dict[str, str] | None = None) -> list
             "drops": _mean([d for d in map(bottleneck_drops, runs) if d is not None]),
             "cross_mbit": _mean([x for x in map(cross_goodput, runs) if x is not None]),
             "failed": len(row["runs"]) - len(runs),
+            "failures": [{"seed": r.get("seed"), "reason": r.get("reason") or r.get("status") or "no result"}
+                         for r in row["runs"] if r.get("status") != "Succeeded"],
         })
     for scenario in {r["scenario"] for r in out}:
         in_scenario = [r for r in out if r["scenario"] == scenario]
