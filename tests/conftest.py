@@ -8,7 +8,24 @@ import pytest
 IS_ROOT = os.geteuid() == 0
 
 
+# Fixtures that need the envtest binaries (kube-apiserver, etcd, kubectl: built from Go modules).
+APISERVER_FIXTURES = {"control_plane", "kube", "operator", "operator_kubeconfig", "kubectl"}
+
+
+def _names(code) -> set[str]:
+    """The global names a function's code uses, its comprehensions' and inner functions' included."""
+    return set(code.co_names).union(*(_names(c) for c in code.co_consts if hasattr(c, "co_names")))
+
+
 def pytest_collection_modifyitems(config, items):
+    # What a test needs, read off the test itself where a marker could be forgotten: a test that spawns gloo
+    # ranks (support.ranks.run_world), or takes a fixture that needs the envtest binaries.
+    for item in items:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        if code is not None and "run_world" in _names(code):
+            item.add_marker(pytest.mark.gloo)
+        if APISERVER_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.apiserver)
     # The API-server tests last: their etcd, kube-apiserver and operator (reconciling every 0.5 s) live for
     # the rest of the session (session fixtures), and nothing should share the two cores with the bulk-TCP
     # rates the shaping and bottleneck tests measure.

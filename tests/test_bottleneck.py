@@ -12,9 +12,9 @@ import time
 
 import pytest
 import yaml
+from support.procs import cmdline, descendants, leaked_namespaces, ours
 from support.rates import until_enough
 
-from netsense.emulation import cluster as cl
 from netsense.emulation.bottleneck import cross_samples, queue_samples, summarize
 from netsense.emulation.bulk import (
     available_congestion_control,
@@ -24,7 +24,7 @@ from netsense.emulation.bulk import (
     rate_between,
     start_bulk,
 )
-from netsense.emulation.cluster import LocalCluster, list_namespaces
+from netsense.emulation.cluster import LocalCluster
 from netsense.emulation.cross import Flow, flows_from_spec
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.queue import DelayHistogram, LinkStats
@@ -121,15 +121,11 @@ def test_the_queue_summary_weighs_each_delay_by_how_long_it_held_on_the_training
 
 # ---- on the testbed (root) ---------------------------------------------------------------------------------------
 
-def ours() -> list[str]:
-    return [ns for ns in list_namespaces() if ns.startswith(cl.PREFIX)]
-
-
 @pytest.fixture
 def nothing_left_behind():
-    before = set(ours())
+    before = ours()
     yield
-    assert set(ours()) - before == set(), "namespaces left behind"
+    assert not leaked_namespaces(before), "namespaces left behind"
 
 
 @pytest.mark.root
@@ -242,6 +238,8 @@ def test_a_training_job_gets_less_of_the_shared_link_once_cross_traffic_starts(t
     assert all(s["cross_mbit"] == 0 for s in steps if s["time"] < 5.5)
     assert {"up0", "up1"} <= set(result["bottleneck"]["links"])
     assert os.path.exists(os.path.join(out, "timeline.png"))
-    left = subprocess.run(["pgrep", "-f", "netsense.emulation.cross|netsense.shaping.queue"], capture_output=True)
-    assert left.stdout == b"", "cross traffic or a queue sampler outlived the run"
+    # This process's own children only (the run was in-process): never another run's on the machine.
+    left = [pid for pid in descendants(os.getpid())
+            if any(m in cmdline(pid) for m in ("netsense.emulation.cross", "netsense.shaping.queue"))]
+    assert not left, "cross traffic or a queue sampler outlived the run"
     json.dumps(result)  # result.json stays plain JSON

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from kubernetes import client
 from support.kube import REPO, OperatorProcess, wait_for
+from support.procs import Watched, alive
 
 pytestmark = pytest.mark.apiserver
 
@@ -134,22 +135,6 @@ def test_an_operator_restart_creates_no_duplicates_and_carries_on(kube, ns, oper
     wait_for(lambda: kube.status(ns, "restart").get("phase") == "Running", what="Running, seen by the new operator")
     time.sleep(2)  # several reconciles later: nothing new
     assert [p.metadata.name for p in kube.pods(ns, "restart")] == names
-
-
-def test_a_second_operator_waits_for_the_lease_and_takes_over_when_the_first_stops(
-        kube, ns, operator, operator_kubeconfig, tmp_path):
-    wait_for(lambda: "leading as" in operator.log(), what="the session's operator leading")
-    second = OperatorProcess(operator_kubeconfig, str(tmp_path / "second.log")).start()
-    try:
-        wait_for(lambda: "holds the lease" in second.log(), what="the second operator waiting")
-        operator.stop()  # hands the lease back
-        wait_for(lambda: "leading as" in second.log(), timeout=15, what="the second operator leading")
-        kube.create_job(ns, "successor", quick_spec())
-        wait_for(lambda: len(kube.pods(ns, "successor")) == 2, what="pods from the second operator")
-    finally:
-        second.stop()
-        operator.start()
-    wait_for(lambda: kube.status(ns, "successor").get("workers", {}).get("pending") == 2, what="the first carries on")
 
 
 def test_a_namespace_scoped_operator_runs_jobs_with_roles_alone_and_leaves_other_namespaces_be(
@@ -567,17 +552,14 @@ def test_the_control_plane_dies_with_the_process_that_started_it(control_plane):
 
     code = ("import time\nfrom support.envtest import ControlPlane\n"
             f"cp = ControlPlane({control_plane.bin_dir!r}).__enter__()\nprint(cp.dir, flush=True)\ntime.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.join(REPO, "tests"))
-    workdir = parent.stdout.readline().strip()
-
-    def running() -> list[str]:
-        return subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
-
-    assert len(running()) == 2, "etcd and kube-apiserver should be up"
-    parent.kill()
-    parent.wait()
-    wait_for(lambda: not running(), timeout=10, what="etcd and kube-apiserver gone")
+    with Watched.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                       cwd=os.path.join(REPO, "tests")) as parent:  # killed with its children if this fails
+        parent.proc.stdout.readline()
+        wait_for(lambda: len(parent.processes()) == 2, timeout=30, what="etcd and kube-apiserver up")
+        started = parent.processes()
+        parent.proc.kill()
+        parent.proc.wait()
+        wait_for(lambda: not alive(started), timeout=10, what="etcd and kube-apiserver gone")
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT-while-ignored"])
@@ -590,20 +572,16 @@ def test_the_standalone_control_plane_stops_on_sigterm_and_on_ctrl_c_even_when_s
     import sys
 
     ignore_int = sig.startswith("SIGINT")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "support.envtest"], cwd=os.path.join(REPO, "tests"), stdout=subprocess.PIPE,
-        text=True, env={**os.environ, "KUBEBUILDER_ASSETS": control_plane.bin_dir},
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None)
-    kubeconfig = proc.stdout.readline().split("=", 1)[1].split()[0]
-    workdir = os.path.dirname(kubeconfig)
-
-    def running() -> list[str]:
-        return subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
-
-    assert len(running()) == 2, "etcd and kube-apiserver should be up"
-    proc.send_signal(signal.SIGINT if ignore_int else signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    assert not running() and not os.path.exists(workdir)
+    with Watched.popen(
+            [sys.executable, "-m", "support.envtest"], cwd=os.path.join(REPO, "tests"), stdout=subprocess.PIPE,
+            text=True, env={**os.environ, "KUBEBUILDER_ASSETS": control_plane.bin_dir},
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None) as cp:
+        kubeconfig = cp.proc.stdout.readline().split("=", 1)[1].split()[0]
+        workdir = os.path.dirname(kubeconfig)
+        assert len(cp.processes()) == 2, "etcd and kube-apiserver should be up"
+        cp.proc.send_signal(signal.SIGINT if ignore_int else signal.SIGTERM)
+        assert cp.proc.wait(timeout=30) == 0
+        assert not cp.leftovers() and not os.path.exists(workdir)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

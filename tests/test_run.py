@@ -12,8 +12,7 @@ import time
 
 import pytest
 import yaml
-
-from netsense.emulation import cluster as cl
+from support.procs import Watched, cmdline, leaked_namespaces, ours
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETSENSE = [sys.executable, "-m", "netsense"]
@@ -22,12 +21,28 @@ RESULT_KEYS = {"job", "method", "workers", "model", "dataset", "status", "throug
                "time_to_accuracy_s", "mean_density", "bytes_sent_per_worker", "link_mean_rate_mbit"}
 
 
-def ours() -> list[str]:
-    return [ns for ns in cl.list_namespaces() if ns.startswith(cl.PREFIX)]
+def start(*args: str, **kwargs) -> Watched:
+    """`netsense ARGS` as a child whose processes and namespaces this test alone watches (and kills, if the
+    test fails before the run ends)."""
+    return Watched.popen([*NETSENSE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def workers_alive() -> bool:
-    return subprocess.run(["pgrep", "-f", "netsense worker"], capture_output=True).returncode == 0
+def finish(run: Watched, timeout: float) -> tuple[int, str, str]:
+    out, err = run.proc.communicate(timeout=timeout)
+    return run.proc.returncode, out, err
+
+
+def nothing_left(run: Watched, before: set[str]) -> None:
+    assert not leaked_namespaces(before, run.pid), "namespaces left behind"
+    assert not run.leftovers(), "processes left behind"
+
+
+def wait_for_progress(run: Watched, events, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
+        assert run.proc.poll() is None, run.proc.stderr.read()
+        time.sleep(0.2)
+    assert events.exists(), "the run never made progress"
 
 
 def job(**spec) -> dict:
@@ -56,14 +71,14 @@ def write(tmp_path, doc, name="job.yaml") -> str:
     (job(training={"dataset": "cifar10", "dataPath": "/nonexistent/cifar"}), "spec.training.dataPath"),
 ])
 def test_bad_input_is_one_line_naming_the_field_exit_2_nothing_created(tmp_path, doc, field):
-    before = set(ours())
-    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and field in lines[0], proc.stderr
-    assert not (tmp_path / "out").exists()
-    assert set(ours()) == before
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "out")) as run:
+        code, _, err = finish(run, 60)
+        assert code == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0], err
+        assert not (tmp_path / "out").exists()
+        nothing_left(run, before)
 
 
 def test_validate_lists_every_error(tmp_path):
@@ -75,11 +90,13 @@ def test_validate_lists_every_error(tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.timeout(600)
 def test_quick_sample_runs_and_writes_results(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.run([*NETSENSE, "run", os.path.join(REPO, "samples", "quick.yaml"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    out, before = tmp_path / "out", ours()
+    with start("run", os.path.join(REPO, "samples", "quick.yaml"), "--out", str(out)) as run:
+        code, _, err = finish(run, 600)
+        assert code == 0, err
+        nothing_left(run, before)
     result = json.loads((out / "result.json").read_text())
     assert RESULT_KEYS <= set(result)
     assert result["status"] == "Succeeded" and result["workers"] == 2
@@ -94,7 +111,6 @@ def test_quick_sample_runs_and_writes_results(tmp_path):
     for col in ("time", "step", "loss", "density", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit"):
         assert col in header
     assert (out / "timeline.png").stat().st_size > 10_000
-    assert not ours() and not workers_alive()
 
 
 @pytest.mark.root
@@ -104,9 +120,9 @@ def test_resnet18_at_200mbit_the_shaping_binds(tmp_path):
               compression={"method": "allreduce"},
               network={"profile": {"type": "static", "rate": "200Mbit"}})
     out = tmp_path / "out"
-    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    with start("run", write(tmp_path, doc), "--out", str(out), "--quiet") as run:
+        code, _, err = finish(run, 600)
+    assert code == 0, err
     r = json.loads((out / "result.json").read_text())
     assert r["mean_density"] == pytest.approx(1.0)
     assert r["bytes_sent_per_worker"] >= 5 * 44e6  # ResNet18-CIFAR100: 11.2M fp32 gradients per step
@@ -118,13 +134,14 @@ def test_resnet18_at_200mbit_the_shaping_binds(tmp_path):
 def test_a_failing_worker_fails_the_run_with_its_reason(tmp_path):
     # batch 2000 x 2 workers exceeds the 1437 digits training samples: every attempt fails.
     doc = job(training={"batchSize": 2000}, runPolicy={"backoffLimit": 1})
-    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    assert "spec.training.batchSize" in proc.stderr.strip().splitlines()[-1]
-    assert "restarting the gang (1/1)" in proc.stderr
-    assert json.loads((tmp_path / "o" / "result.json").read_text())["status"] == "Failed"
-    assert not ours() and not workers_alive()
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o")) as run:
+        code, _, err = finish(run, 300)
+        assert code == 1, err
+        assert "spec.training.batchSize" in err.strip().splitlines()[-1]
+        assert "restarting the gang (1/1)" in err
+        assert json.loads((tmp_path / "o" / "result.json").read_text())["status"] == "Failed"
+        nothing_left(run, before)
 
 
 @pytest.mark.root
@@ -134,46 +151,35 @@ def test_interrupting_a_run_leaves_nothing_behind(tmp_path, sig, code):
                                                                    "to": "10Mbit", "by": "10Mbit", "every": "1s"}})
     # A shell without job control starts background commands with SIGINT ignored, and the
     # run would inherit that; give it the default disposition a terminal's Ctrl-C meets.
-    proc = subprocess.Popen([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    events = tmp_path / "o" / "events.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
-        time.sleep(0.2)
-    assert events.exists(), "the run never made progress"
-    assert len([ns for ns in ours()]) >= 3 and workers_alive()
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == code, err
-    assert "cleaned up" in err
-    assert not ours(), "namespaces left behind"
-    time.sleep(0.5)
-    assert not workers_alive(), "worker processes left behind"
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"),
+               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as run:
+        wait_for_progress(run, tmp_path / "o" / "events.jsonl")
+        assert len(run.namespaces()) >= 3 and run.with_env(RANK="1"), "the run's cluster and workers"
+        run.proc.send_signal(sig)
+        got, _, err = finish(run, 60)
+        assert got == code, err
+        assert "cleaned up" in err
+        nothing_left(run, before)
 
 
 @pytest.mark.root
 def test_a_hung_worker_ends_the_run_within_the_collective_timeout(tmp_path):
     doc = job(training={"maxSteps": 100000}, runPolicy={"backoffLimit": 0})
     env = {**os.environ, "NETSENSE_TIMEOUT": "10"}
-    proc = subprocess.Popen([*NETSENSE, "run", write(tmp_path, doc), "--out", str(tmp_path / "o")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    events = tmp_path / "o" / "events.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (events.exists() and "progress" in events.read_text()):
-        time.sleep(0.2)
-    # Freeze rank 1 as a hung process would be: rank 0 must give up, not wait forever.
-    pid = subprocess.run(["pgrep", "-f", "netsense worker"], capture_output=True, text=True).stdout.split()
-    ranks = {p: open(f"/proc/{p}/environ", "rb").read() for p in pid}
-    frozen = [p for p, e in ranks.items() if b"RANK=1\0" in e]
-    assert frozen
-    os.kill(int(frozen[0]), signal.SIGSTOP)
-    start = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err
-    assert time.monotonic() - start < 60
-    assert "rank 0 failed" in err.strip().splitlines()[-1]
-    assert not ours() and not workers_alive()
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), env=env) as run:
+        wait_for_progress(run, tmp_path / "o" / "events.jsonl")
+        # Freeze this run's rank 1 as a hung process would be: rank 0 must give up, not wait forever.
+        frozen = [pid for pid in run.with_env(RANK="1") if "worker" in cmdline(pid)]
+        assert frozen, "rank 1's worker"
+        os.kill(frozen[0], signal.SIGSTOP)
+        began = time.monotonic()
+        code, _, err = finish(run, 120)
+        assert code == 1, err
+        assert time.monotonic() - began < 60
+        assert "rank 0 failed" in err.strip().splitlines()[-1]
+        nothing_left(run, before)
 
 
 @pytest.mark.root
@@ -184,9 +190,9 @@ def test_a_time_varying_profile_runs_on_the_training_clock(tmp_path):
               network={"profile": {"type": "steps", "steps": [{"at": 0, "rate": "100Mbit"},
                                                               {"at": "1.5s", "rate": "10Mbit"}]}})
     out = tmp_path / "out"
-    proc = subprocess.run([*NETSENSE, "run", write(tmp_path, doc), "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    with start("run", write(tmp_path, doc), "--out", str(out), "--quiet") as run:
+        code, _, err = finish(run, 300)
+    assert code == 0, err
     shaping = [json.loads(line) for line in (out / "shaping.jsonl").read_text().splitlines()]
     clock = next(ev for ev in shaping if ev["event"] == "clock")
     change = next(ev for ev in shaping if ev["event"] == "rate")
@@ -199,3 +205,45 @@ def test_a_time_varying_profile_runs_on_the_training_clock(tmp_path):
     assert 1.5 <= float(first_slow["time"]) <= 1.5 + 0.3
     evaluations = json.loads((out / "result.json").read_text())["wall_seconds"] - 3.0
     assert evaluations > 0.1 and change["time"] - clock["epoch"] > 1.5 + 0.05
+
+
+def _stopped(pids) -> list[int]:
+    """Those of ``pids`` stopped by a signal (state T): what a test's SIGSTOP would leave."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.root
+@pytest.mark.timeout(600)
+def test_a_run_beside_the_tests_is_left_alone(tmp_path):
+    """A user's run (or a benchmark) on the machine while the suite runs: what the tests do to their own runs
+    (interrupt one, freeze a rank, `netsense clean`, check for leaks) never reaches it."""
+    bystander = job(training={"maxSteps": 100000, "maxSeconds": "60s", "evalEvery": 10**6},
+                    network={"profile": {"type": "static", "rate": "10Mbit"}})
+    before = ours()
+    with start("run", write(tmp_path, bystander, "bystander.yaml"), "--out", str(tmp_path / "b"), "--quiet") as other:
+        wait_for_progress(other, tmp_path / "b" / "events.jsonl")
+        theirs, their_procs = other.namespaces(), other.processes()
+        assert len(theirs) >= 3 and their_procs
+        # Another run, interrupted and one of its ranks frozen, as the tests above do to their own.
+        with start("run", write(tmp_path, job(training={"maxSteps": 100000})), "--out", str(tmp_path / "o")) as mine:
+            wait_for_progress(mine, tmp_path / "o" / "events.jsonl")
+            os.kill(mine.with_env(RANK="1")[0], signal.SIGSTOP)
+            mine.proc.send_signal(signal.SIGINT)
+            finish(mine, 60)
+            nothing_left(mine, before | set(theirs))
+        assert subprocess.run([*NETSENSE, "clean"], capture_output=True, timeout=60).returncode == 0
+        assert not leaked_namespaces(before | set(theirs), os.getpid())
+        assert other.namespaces() == theirs, "the bystander's namespaces were touched"
+        assert set(other.processes()) >= set(their_procs), "a bystander's process was killed"
+        assert not _stopped(their_procs), "a bystander's process was stopped"
+        code, _, err = finish(other, 300)
+    assert code == 0, err
+    assert json.loads((tmp_path / "b" / "result.json").read_text())["status"] == "Succeeded"

@@ -6,12 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from support.procs import Watched, leaked_namespaces, ours
 from support.rates import until_enough
 
 from netsense.emulation import cluster as cl
@@ -22,23 +24,19 @@ from netsense.emulation.bulk import (
     rate_between,
     start_bulk,
 )
-from netsense.emulation.cluster import LocalCluster, kernel_has_netem, list_namespaces
+from netsense.emulation.cluster import LocalCluster, kernel_has_netem
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.shaper import write_clock
-from netsense.shaping.tc import NO_NETEM, gso_max_segs, gso_segs_for, qdiscs, tbf_params
+from netsense.shaping.tc import gso_max_segs, gso_segs_for, qdiscs, tbf_params
 
 pytestmark = pytest.mark.root
 
 
-def ours() -> list[str]:
-    return [ns for ns in list_namespaces() if ns.startswith(cl.PREFIX)]
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
-    before = set(ours())
+    before = ours()
     yield
-    assert set(ours()) - before == set(), "namespaces left behind"
+    assert not leaked_namespaces(before), "namespaces left behind"
 
 
 def burst_of(qdisc: str) -> int:
@@ -218,9 +216,11 @@ def test_two_clusters_coexist_and_are_isolated():
 def test_cleanup_after_an_exception_inside_the_cluster():
     with pytest.raises(RuntimeError), LocalCluster(2, build_profile({"type": "static", "rate": "10Mbit"}),
                                                    shaping_log=open(os.devnull, "w")) as c:
-        c.spawn(0, ["sleep", "60"])
+        sleeper = c.spawn(0, ["sleep", "60"])
         raise RuntimeError("boom")
-    assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode != 0
+    assert sleeper.poll() is not None, "the cluster's process outlived it"
+    with pytest.raises(ProcessLookupError):  # nor any process of its group
+        os.killpg(sleeper.pid, 0)
 
 
 def test_netsense_clean_removes_what_a_killed_run_left(capsys):
@@ -228,26 +228,25 @@ def test_netsense_clean_removes_what_a_killed_run_left(capsys):
 
     code = ("from netsense.emulation.cluster import LocalCluster; import time; "
             "c = LocalCluster(2).__enter__(); print(c.id, flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    run_id = proc.stdout.readline().strip()
-    left = [ns for ns in ours() if run_id in ns]
-    assert len(left) == 3
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert main(["clean"]) == 0
-    said = capsys.readouterr().out
-    assert all(ns in said for ns in left)
-    assert not set(left) & set(ours())
+    with Watched.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as holder:
+        run_id = holder.proc.stdout.readline().strip()
+        left = holder.namespaces()
+        assert len(left) == 3 and all(run_id in ns for ns in left)
+        holder.proc.send_signal(signal.SIGKILL)
+        holder.proc.wait()
+        assert main(["clean"]) == 0
+        said = capsys.readouterr().out
+        assert all(ns in said for ns in left)
+        assert not set(left) & ours()
 
 
 def test_netem_profiles_fail_clearly_or_add_delay():
     profile = build_profile({"type": "static", "rate": "100Mbit", "delay": "20ms"})
     if not kernel_has_netem():
-        before = set(list_namespaces())
-        with pytest.raises(cl.EmulationError, match="no netem"):
+        before = ours()
+        with pytest.raises(cl.EmulationError, match="this kernel has no netem"):
             LocalCluster(2, profile).__enter__()
-        assert set(list_namespaces()) == before, "created something before failing"
-        assert NO_NETEM.startswith("this kernel has no netem")
+        assert not leaked_namespaces(before), "created something before failing"
         return
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
         code = ("import socket,time,sys; t=time.perf_counter(); "
@@ -260,8 +259,9 @@ def test_netem_profiles_fail_clearly_or_add_delay():
 
 
 def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
-    ns = f"{cl.PREFIX}shape-test"
+    ns = f"{cl.PREFIX}shape-{secrets.token_hex(3)}"  # this test's own: a run beside it may use its own
     subprocess.run(["ip", "netns", "add", ns], check=True)
+    proc = None
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
@@ -299,6 +299,9 @@ def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):
         assert "ifb-eth0" not in links
         assert gso_max_segs("eth0", ns) == gso_before, "the device's GSO size was not restored"
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         subprocess.run(["ip", "netns", "del", ns])
 
 

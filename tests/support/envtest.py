@@ -19,7 +19,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -27,6 +26,8 @@ import time
 import urllib.request
 
 import yaml
+
+from support.net import free_port
 
 PR_SET_PDEATHSIG = 1
 
@@ -55,12 +56,6 @@ def binaries_dir(build: bool = True) -> str | None:
     if proc.returncode != 0:
         raise EnvtestError(f"building the envtest binaries failed:\n{proc.stderr[-3000:]}")
     return proc.stdout.strip().splitlines()[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _openssl(*args: str, cwd: str) -> None:
@@ -172,7 +167,7 @@ class ControlPlane(Supervised):
                            "DNS:kubernetes.default.svc.cluster.local")
         else:
             _make_certs(d)
-        etcd_port, peer_port = _free_port(), _free_port()
+        etcd_port, peer_port = free_port(), free_port()
         self._spawn("etcd", [
             os.path.join(bins, "etcd"), "--data-dir", os.path.join(d, "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -181,7 +176,7 @@ class ControlPlane(Supervised):
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
             "--unsafe-no-fsync", "--log-level", "warn"])
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         if self.for_node:
             # A controller-manager creates service accounts; the kubelet is reached at its InternalIP
             # (its hostname is not in any DNS the API server uses).

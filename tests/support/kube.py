@@ -4,7 +4,6 @@ process, and a stand-in kubelet that moves pods through their phases."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import yaml
 from kubernetes import client, config, utils
 
 from netsense.spec import GROUP, PLURAL, VERSION
+from support.net import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -114,9 +114,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: str, log_path: str, args: tuple[str, ...] = ()):
         self.kubeconfig, self.log_path, self.args = kubeconfig, log_path, args
         self.proc: subprocess.Popen | None = None
-        with socket.socket() as s:  # a free port for its /metrics (operators in tests share the host's network)
-            s.bind(("127.0.0.1", 0))
-            self.metrics_port = s.getsockname()[1]
+        self.metrics_port = free_port()  # for its /metrics (operators in tests share the host's network)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:

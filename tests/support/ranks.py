@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import traceback
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.net import free_port
 
 
 def _entry(fn, rank, world, port, queue, args):
