@@ -1,5 +1,6 @@
 # netsense: make run (the quick job), make test (the whole suite), make lint.
 SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,14 +9,14 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml |
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: help venv run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench results clean
+.PHONY: help venv deps deps-node run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench results clean
 
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
-	@echo "make test       set up .venv and the envtest control plane, then run every test"
-	@echo "make test-fast  unit tests only (no root, no API server)"
+	@echo "make test       set up .venv, the Debian packages and the envtest control plane, then run every test"
+	@echo "make test-fast  the pure units, under 2 minutes: no root, no API server, no Go, no gloo worlds"
 	@echo "make lint       ruff"
-	@echo "make envtest    build kube-apiserver, etcd and kwok into ~/.cache/netsense/envtest"
+	@echo "make envtest    build kube-apiserver, etcd and kubectl into ~/.cache/netsense/envtest"
 	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
 	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
 	@echo "make results    the final run: every evaluation grid on one commit (testbed/rerun.sh; hours; resumes)"
@@ -33,17 +34,25 @@ $(STAMP): pyproject.toml operator/pyproject.toml
 
 venv: $(STAMP)
 
-run: venv
+# What the emulated cluster and the tests need from Debian (testbed/install-deps.sh: only what is missing).
+deps:
+	@bash testbed/install-deps.sh
+
+deps-node:
+	@bash testbed/install-deps.sh --node
+
+run: venv deps
 	$(BIN)/netsense run samples/quick.yaml --out runs/quick
 
-envtest:
+envtest: deps
+	@NETSENSE_NEED_GO=1 bash testbed/install-deps.sh
 	@bash testbed/envtest/build.sh >/dev/null
 
 test: venv envtest
-	KUBEBUILDER_ASSETS=$$(bash testbed/envtest/build.sh) $(BIN)/pytest -q -ra
+	KUBEBUILDER_ASSETS=$$(bash testbed/envtest/build.sh) $(BIN)/pytest -q -ra --durations=15
 
 test-fast: venv
-	$(BIN)/pytest -q -m "not root and not apiserver"
+	$(BIN)/pytest -q -m "not root and not apiserver and not gloo and not slow and not e2e" --durations=10
 
 lint: venv
 	$(BIN)/ruff check netsense tests testbed operator
@@ -61,7 +70,7 @@ results: venv
 	bash testbed/rerun.sh $(GRIDS)
 
 # The Go builds (CPU) and the image builds (mostly network and disk) run side by side.
-node: venv
+node: venv deps-node envtest
 	@bash testbed/envtest/build.sh --node >/dev/null & go=$$!; \
 	bash testbed/node/images.sh build; images=$$?; wait $$go && exit $$images
 
@@ -72,7 +81,7 @@ node-down: venv
 	cd tests && ../$(BIN)/python -m support.node down
 
 e2e: node
-	$(BIN)/pytest -q -ra -s -m e2e tests/e2e
+	$(BIN)/pytest -q -ra -s -m e2e --timeout 1200 --durations=15 tests/e2e
 
 kind-e2e:
 	bash testbed/kind/e2e.sh

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries the operator tests run against (the way
-# controller-runtime's envtest runs them): kube-apiserver, etcd and kwok, plus
+# controller-runtime's envtest runs them): kube-apiserver and etcd, plus
 # kubectl to render kustomizations; from Go modules, CGO off, with version
-# ldflags. Prints the directory holding them.
+# ldflags. Prints the directory holding them. `build.sh --kwok` adds kwok (simulated
+# nodes, for scale measurements; no test needs it, so a cold CI run does not pay its
+# three minutes).
 #
 # `build.sh --node` builds, in addition, what a real node needs (testbed/node):
 # kubelet, kube-scheduler, kube-controller-manager, kube-proxy (same module graph)
@@ -43,11 +45,13 @@ fi
 
 cache=${NETSENSE_CACHE:-$HOME/.cache/netsense}/envtest/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}
 bin=$cache/bin
-if [[ "${1:-}" != --node && -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd && -x $bin/kwok ]]; then
+# (The directory keeps kwok's version in its name whether kwok is built or not: one cache key for both.)
+if [[ "${1:-}" != --node && -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd \
+      && ( "${1:-}" != --kwok || -x $bin/kwok ) ]]; then
   echo "$bin"
   exit 0
 fi
-command -v go >/dev/null || { echo "envtest: Go is needed to build kube-apiserver/etcd/kwok (none on PATH)" >&2; exit 1; }
+command -v go >/dev/null || { echo "envtest: Go is needed to build kube-apiserver, etcd and kubectl (none on PATH): https://go.dev/doc/install" >&2; exit 1; }
 mkdir -p "$bin"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -116,6 +120,6 @@ fi
 [[ -x $bin/etcd ]] || build_etcd
 # kubectl comes from the same module graph: the tests render kustomizations with it.
 [[ -x $bin/kube-apiserver && -x $bin/kubectl ]] || build_kube "$bin" kube-apiserver kubectl
-[[ -x $bin/kwok ]] || build_kwok
+[[ "${1:-}" != --kwok || -x $bin/kwok ]] || build_kwok
 log "done: $bin"
 echo "$bin"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What this project needs from Debian (12, bookworm) besides Python and Go, installed in one place: `make run`,
+# `make test`, `make node`/`make e2e` and .ci/run all call it, so a fresh machine passes what the README says.
+#
+#   testbed/install-deps.sh           the emulated cluster and the tests: iproute2, procps, make, openssl, g++
+#   testbed/install-deps.sh --node    and the real node of `make e2e`: containerd, runc, the CNI plugins,
+#                                     iptables, podman, mmdebstrap
+#
+# Installs only what is missing (a warm machine runs no apt at all). Not root, or not Debian: it names the one
+# command to run and stops. Go (for the envtest and node binaries) is checked, not installed: Debian 12's is too
+# old for Kubernetes 1.37 (https://go.dev/doc/install).
+set -euo pipefail
+
+node=0
+[[ "${1:-}" == --node ]] && node=1
+
+need=()
+want() {  # want COMMAND-OR-PATH PACKAGE
+  if [[ $1 == /* ]]; then [[ -e $1 ]] || need+=("$2"); else command -v "$1" >/dev/null || need+=("$2"); fi
+}
+want ip iproute2
+want tc iproute2
+want pgrep procps
+want make make
+want openssl openssl
+want g++ g++          # the fused CPU compression kernels (netsense/compression/native.cpp)
+if ((node)); then
+  want containerd containerd
+  want runc runc
+  want /usr/lib/cni/bridge containernetworking-plugins
+  want iptables iptables
+  want podman podman
+  want mmdebstrap mmdebstrap
+fi
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u | sed '/^$/d')
+
+if ((${#need[@]})); then
+  if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
+    echo "missing: ${need[*]}; install them with: apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "installing from Debian: ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+  export PATH=$PATH:/usr/local/go/bin
+fi
+if [[ ${NETSENSE_NEED_GO:-0} == 1 ]] && ! command -v go >/dev/null; then
+  echo "Go (>= 1.24) is needed to build kube-apiserver, etcd and kubectl for the tests: https://go.dev/doc/install" >&2
+  exit 1
+fi
+exit 0
