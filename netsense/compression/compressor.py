@@ -5,8 +5,12 @@ values; and the inverse, summing every rank's packed chunk into the bucket as ``
 
     g_avg = (1/N) * sum_r scatter_add(indices_r, values_r)
 
+Pruning leaves the smallest-|weight| entries out of the ranking while at least k entries survive it; where
+fewer survive (a pruneFactor near 1), that step ranks every entry, pruned ones too.
+
 On CPUs both directions run in fused kernels (native.cpp); on GPUs, or where no compiler is found, in eager
-PyTorch. The two select the same entries and decode alike (tested), so ranks may even mix them.
+PyTorch. The two select the same entries and decode alike (tested, step after step), so ranks may even mix
+them.
 """
 
 from __future__ import annotations
@@ -32,12 +36,17 @@ class TopK:
         self.seed, self.rank = seed, rank
         self.workspaces: dict[int, Workspace] = {}
         self.selectors: dict[int, native.Selector] = {}
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._generators: dict[tuple[torch.device, str], torch.Generator] = {}
 
-    def generator(self, device: torch.device) -> torch.Generator:
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed + 7919 * self.rank)
-        return self._generators[device]
+    def generator(self, device: torch.device, stream: str = "select") -> torch.Generator:
+        """The random generator of one use (``select``: TopK's sampled thresholds; ``prune``: the pruning
+        threshold's sample): one stream each, so the native and the PyTorch paths, which draw differently for
+        selection, draw the same pruning thresholds step after step."""
+        key = (device, stream)
+        if key not in self._generators:
+            offset = {"select": 0, "prune": 104729}[stream]
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed + 7919 * self.rank + offset)
+        return self._generators[key]
 
     def workspace(self, bucket: dist.GradBucket) -> Workspace:
         return self.workspaces.setdefault(bucket.index(), Workspace())
@@ -58,7 +67,7 @@ class TopK:
         if prune > 0:
             weights = _flat_weights(bucket, self.workspace(bucket))
             if weights is not None:
-                prune_below = prune_threshold(weights, prune, gen)
+                prune_below = prune_threshold(weights, prune, self.generator(buf.device, "prune"))
         signal = memory.slot(bucket.index(), buf) if memory is not None else buf
         selector = self.selectors.setdefault(bucket.index(), native.Selector())
         return selector.select(signal, buf if memory is not None else None, k, fp16, memory is not None,
@@ -74,7 +83,9 @@ class TopK:
         if prune > 0:
             weights = _flat_weights(bucket, ws)
             if weights is not None:
-                magnitude.masked_fill_(smallest_fraction_mask(weights, prune, gen, ws), 0)
+                pruned = smallest_fraction_mask(weights, prune, self.generator(buf.device, "prune"), ws)
+                if buf.numel() - int(pruned.sum()) >= k:  # else every entry is ranked, as the native path does
+                    magnitude.masked_fill_(pruned, 0)
         indices = topk_indices(magnitude, k, gen, ws)
         values = signal[indices].to(torch.float16 if fp16 else buf.dtype)
         if memory is not None:

@@ -148,8 +148,8 @@ class Selector:
 
         With grad, signal += grad first (in place). With error_feedback, what is
         sent is subtracted from signal. Indices come out ascending. Pruned
-        entries (|weights| < prune_below) are not chosen unless fewer than k
-        others remain.
+        entries (|weights| < prune_below) are not ranked while at least k
+        others remain; where fewer remain, every entry is ranked.
         """
         lib = library()
         n = signal.numel()
