@@ -1,4 +1,4 @@
-"""PowerSGD (torch's hook, registered by netsense.compression) compresses and still trains.
+"""PowerSGD (netsense.compression.lowrank, in our hook) compresses and still trains.
 
 PowerSGD sends a rank-r factorization P Q^T of each weight matrix's averaged gradient. On a gradient of
 rank r or less that factorization is exact, so the model receives exactly the all-reduced mean; on a gradient
@@ -8,8 +8,8 @@ known rank, then a small MLP is trained under it.
 The exactness is checked without error feedback: with it, each rank's local error (its own gradient less the
 averaged approximation, as large as the gradient when ranks differ) joins its next gradient, and torch's
 PowerSGD then amplifies fp32 rounding step after step on such a gradient (seen: 1e-7 of the mean at the first
-compressed step, 1e-1 six steps later; the same in a float64 re-implementation, from 1e-15). What error
-feedback promises instead, that nothing is lost over the steps, is checked on its own."""
+compressed step, 1e-1 six steps later, under torch's hook; the same in a float64 re-implementation, from
+1e-15). What error feedback promises instead, that nothing is lost over the steps, is checked on its own."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def low_rank_run(rank: int, world: int, cases: list[tuple[int, int, bool]], step
             received += world * model.weight.grad
             fed += c @ x
         state.finish()
-        held = sum(state.inner_state.error_dict.values(), torch.zeros(OUT * IN)).view(OUT, IN)  # torch's state
+        held = (state.memory.layout.by_param[id(model.weight)].view(OUT, IN).clone() if state.memory is not None
+                else torch.zeros(OUT, IN))  # the residual each rank holds
         totals = torch.stack([fed, held])
         dist.all_reduce(totals)
         out[(approx, r, feedback)] = errors, received.tolist(), totals[0].tolist(), totals[1].tolist()
@@ -114,9 +115,11 @@ def _batch(rank: int, step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tenso
     return x, x[:, :5].argmax(1)
 
 
-def training_run(rank: int, world: int, steps: int) -> tuple[float, float, list[bool]]:
-    """Held-out loss before and after ``steps`` SGD steps under rank-1 PowerSGD, and which steps were dense."""
-    model, state = _ddp(_mlp(), {"method": "powersgd", "startIter": START})
+def training_run(rank: int, world: int, steps: int, start: int | None = START) -> tuple[float, float, list[bool]]:
+    """Held-out loss before and after ``steps`` SGD steps under rank-1 PowerSGD (startIter ``start``; None: the
+    default), and which steps were dense."""
+    config = {"method": "powersgd", **({} if start is None else {"startIter": start})}
+    model, state = _ddp(_mlp(), config)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x_test, y_test = _batch(99, 0, n=256)
 
@@ -140,4 +143,13 @@ def test_powersgd_trains_a_small_mlp():
     (1.6 to about 0.4 here): the low-rank updates follow the gradient."""
     before, after, dense = run_world(training_run, 2, 30)[0]
     assert dense[:START] == [True] * START and not any(dense[START:]), "PowerSGD was to compress from startIter"
+    assert after < 0.5 * before, f"held-out loss {before:.3f} -> {after:.3f}"
+
+
+@pytest.mark.gloo
+def test_powersgd_compresses_from_the_first_step_by_default():
+    """No dense step a user did not ask for: startIter defaults to 0 (the warm start and the residual follow
+    their parameters through DDP's bucket rebuild), and the first step already trains."""
+    before, after, dense = run_world(training_run, 2, 30, None)[0]
+    assert not any(dense), "a dense step nobody asked for"
     assert after < 0.5 * before, f"held-out loss {before:.3f} -> {after:.3f}"

@@ -108,8 +108,15 @@ def test_quick_sample_runs_and_writes_results(tmp_path):
     held = [i for i in range(len(curve) - hold + 1) if all(a >= target for _, _, a in curve[i:i + hold])]
     assert result["time_to_accuracy_s"] == (curve[held[0]][1] if held else None)
     header = (out / "timeline.csv").read_text().splitlines()[0].split(",")
-    for col in ("time", "step", "loss", "density", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit"):
+    for col in ("time", "step", "loss", "density", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit",
+                "dense_reason", "probe"):
         assert col in header
+    # No dense first step: tta's step 0 is its 64 kB probe; a dense step, if any, is its own choice.
+    with open(out / "timeline.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows[0]["probe"] == "1" and float(rows[0]["density"]) < 0.1 and rows[0]["dense_reason"] == ""
+    assert set(result["dense_steps"]) <= {"controller"} and result["dense_warmup_steps"] == 0
+    assert sum(r["dense_reason"] == "controller" for r in rows) == result["dense_steps"].get("controller", 0)
     assert (out / "timeline.png").stat().st_size > 10_000
 
 

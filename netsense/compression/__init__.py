@@ -10,7 +10,7 @@ With ``momentumCorrection`` (topk, dc2, tta) pass the SGD momentum and weight de
 ``register``, which applies them inside the hook; build the optimizer with
 ``state.optimizer_terms(momentum, weight_decay)`` (zeros when the hook owns them).
 
-Methods: allreduce (plain DDP), fp16 and powersgd (torch's own hooks), topk
+Methods: allreduce (plain DDP), fp16 (torch's hook), powersgd (PowerSGD in our hook: lowrank.py), topk
 (fixed density), netsense (paper-faithful NetSenseML), tta (ours: the density
 that minimizes the predicted time to accuracy; "overlap" and "ours" are its old
 names). Configuration uses the NetSenseJob's ``spec.compression`` names and is
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
@@ -31,6 +31,7 @@ from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     DelayDriven,
     FixedDensity,
+    FixedLowRank,
     PaperAIMD,
     TimeToAccuracyController,
     dense_allreduce_bytes,
@@ -55,37 +56,11 @@ def validate_config(config: dict | str | None) -> dict:
 
 
 def ddp_options(config: dict | str | None, backend: str) -> dict:
-    """Extra DistributedDataParallel arguments a method needs.
-
-    torch's PowerSGD hook blocks inside a completion callback on its next
-    all_reduce. On gloo, callbacks run on the group's worker threads: with two
-    buckets in flight they block each other (a deadlock no timeout ends), and
-    with more threads the nested collectives are issued in a different order on
-    each rank. One bucket (no overlap with the backward pass) is what works.
-    """
-    c = validate_config(config)
-    if c["method"] == "powersgd" and backend == "gloo":
-        return {"bucket_cap_mb": 100_000}
+    """Extra DistributedDataParallel arguments a method needs: none now. (torch's PowerSGD hook blocked inside
+    a completion callback and needed one bucket on gloo; ours waits for its first all_reduce in the hook
+    itself, so every method keeps DDP's buckets and their overlap with the backward pass.)"""
+    validate_config(config)
     return {}
-
-
-def _powersgd_wire(state: powerSGD_hook.PowerSGDState, world: int):
-    def wire(bucket: dist.GradBucket) -> float:
-        n = bucket.buffer().numel()
-        if state.iter < state.start_powerSGD_iter:
-            return dense_allreduce_bytes(n, world)
-        elements = 0
-        for p in bucket.parameters():
-            if p.dim() > 1:
-                rows, cols = p.shape[0], p.numel() // p.shape[0]
-                r = min(state.matrix_approximation_rank, rows, cols)
-                compressed = (rows + cols) * r
-                elements += compressed if compressed * state.min_compression_rate < rows * cols else p.numel()
-            else:
-                elements += p.numel()
-        return dense_allreduce_bytes(elements, world)
-
-    return wire
 
 
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
@@ -99,17 +74,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     c = validate_config(config)
     method = c["method"]
     world = dist.get_world_size(process_group)
-    if method == "powersgd":
-        inner = powerSGD_hook.PowerSGDState(
-            process_group=process_group, matrix_approximation_rank=c["rank"],
-            start_powerSGD_iter=c["startIter"], use_error_feedback=c["errorFeedback"], warm_start=True,
-            random_seed=seed)
-        state: MeasuredState = TorchHookState(powerSGD_hook.powerSGD_hook, inner,
-                                                 _powersgd_wire(inner, world), process_group)
-        model.register_comm_hook(state, torch_hook)
-        return state
     if method == "fp16":
-        state = TorchHookState(default_hooks.fp16_compress_hook, process_group,
+        state: MeasuredState = TorchHookState(default_hooks.fp16_compress_hook, process_group,
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
                                process_group, fp16=True, always_dense=True)
         model.register_comm_hook(state, torch_hook)
@@ -118,6 +84,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     policy = {
         "allreduce": lambda: None,
         "topk": lambda: FixedDensity(c["density"]),
+        "powersgd": lambda: FixedLowRank(c["rank"]),
         "netsense": lambda: PaperAIMD(
             alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
@@ -135,7 +102,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     local = (LocalMomentum(momentum, weight_decay, masking=c["momentumMasking"])
              if c.get("momentumCorrection") and momentum > 0 else None)
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
-                             warmup_steps=c.get("warmupSteps", 0), need_grad_stats=method == "netsense" and c["quantize"],
+                             warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
                              seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local)
     model.register_comm_hook(state, compress_hook)
     return state

@@ -68,7 +68,7 @@ class TopK:
             weights = _flat_weights(bucket, self.workspace(bucket))
             if weights is not None:
                 prune_below = prune_threshold(weights, prune, self.generator(buf.device, "prune"))
-        signal = memory.slot(bucket.index(), buf) if memory is not None else buf
+        signal = memory.slot(*_keyed(bucket)) if memory is not None else buf
         selector = self.selectors.setdefault(bucket.index(), native.Selector())
         return selector.select(signal, buf if memory is not None else None, k, fp16, memory is not None,
                                gen, weights, prune_below)
@@ -78,7 +78,7 @@ class TopK:
         """The same selection in eager PyTorch."""
         buf, ws = bucket.buffer(), self.workspace(bucket)
         gen = self.generator(buf.device)
-        signal = memory.compensate(bucket.index(), buf) if memory is not None else buf
+        signal = memory.compensate(*_keyed(bucket)) if memory is not None else buf
         magnitude = torch.abs(signal, out=ws.get("magnitude", buf.numel(), buf.dtype, buf.device))
         if prune > 0:
             weights = _flat_weights(bucket, ws)
@@ -106,6 +106,12 @@ class TopK:
             v = chunk[4 * k:].view(value_dtype).to(buf.dtype).div_(world)
             buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
         return buf
+
+
+def _keyed(bucket: dist.GradBucket) -> tuple:
+    """(index, buffer, per-parameter views, parameters): how error feedback finds a bucket's residual, which
+    follows its parameters through DDP's bucket rebuild (memory.ParameterLayout)."""
+    return bucket.index(), bucket.buffer(), bucket.gradients(), bucket.parameters()
 
 
 def _flat_weights(bucket: dist.GradBucket, ws: Workspace) -> torch.Tensor | None:

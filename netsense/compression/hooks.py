@@ -26,8 +26,11 @@ first. Sparse path: error feedback (memory.py), exact TopK with optional pruning
 (compressor.py), one all_gather of each rank's packed chunk, every chunk summed
 into the bucket (communicator.py runs and times the collectives).
 
-Iteration 0 is always dense: DDP rebuilds buckets after it, and bucket indices
-are only stable afterwards (the residual memory is keyed by them).
+Compression begins at step 0: DDP rebuilds its buckets after it, and each
+parameter's residual (and velocity) moves with it to its new place
+(memory.ParameterLayout), so nothing requires a dense first step. Dense steps are
+those a policy chose, the warm-up a user asked for (``warmupSteps``), or the
+method's own (allreduce; fp16); each record says which (``dense_reason``).
 """
 
 import math
@@ -40,6 +43,7 @@ import torch.distributed as dist
 
 from netsense.compression import communicator
 from netsense.compression.compressor import TopK
+from netsense.compression.lowrank import LowRank
 from netsense.compression.memory import LocalMomentum, ResidualMemory
 from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
@@ -48,6 +52,7 @@ from netsense.control.policies import (
     Policy,
     StepMeasurement,
     dense_allreduce_bytes,
+    lowrank_allreduce_bytes,
     sparse_allgather_bytes,
 )
 
@@ -59,9 +64,10 @@ class CompressionState(MeasuredState):
 
     policy     chooses each step's Decision from agreed measurements (None: plain dense allreduce)
     decision   this step's (density, fp16, dense or sparse, prune)
-    warmup     this step is dense because compression has not begun (warmupSteps; step 0 always)
+    warmup     this step is dense because compression has not begun (warmupSteps, default none)
     memory     error feedback: what sparse steps did not send, by bucket (None without it)
-    topk       the compressor: selection and packing, and summing the gathered chunks
+    topk       the sparse compressor: selection and packing, and summing the gathered chunks
+    lowrank    the low-rank compressor (PowerSGD): each parameter's warm start
     progress   how much of a dense step's progress each update made (progress.py; None unless measured)
     momentum   the SGD momentum and weight decay, applied here instead of by the optimizer (memory.py:
                momentum correction; None: the optimizer applies them)
@@ -75,7 +81,8 @@ class CompressionState(MeasuredState):
         self.memory = ResidualMemory() if error_feedback else None
         self.momentum = momentum
         self.topk = TopK(seed, dist.get_rank(process_group))
-        self.warmup_steps = max(1, warmup_steps)  # iteration 0 is always dense
+        self.lowrank = LowRank(seed)
+        self.warmup_steps = warmup_steps
         self.need_grad_stats = need_grad_stats
         self.progress = ProgressProbe() if measure_progress else None
         self.decision = Decision()
@@ -93,7 +100,10 @@ class CompressionState(MeasuredState):
         self._agreed()
 
     def _decision_fields(self) -> dict:
-        return {"fp16": self.decision.fp16, "dense": self.decision.dense, "warmup": self.warmup}
+        d = self.decision
+        reason = "" if not d.dense else "warm-up" if self.warmup else "method" if self.policy is None else "controller"
+        return {"fp16": d.fp16, "dense": d.dense, "warmup": self.warmup, "dense_reason": reason,
+                "probe": bool(getattr(self.policy, "probing", False)) and not self.warmup}
 
     def _extra_fields(self, record: dict) -> dict:
         return {"elements_sent": 0.0 if self.decision.dense else record["elements_sent"],  # the selection's work
@@ -122,8 +132,8 @@ class CompressionState(MeasuredState):
     # -- the two paths --------------------------------------------------------------
     def dense(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buf, fp16 = bucket.buffer(), self.decision.fp16
-        if self.memory is not None:
-            self.memory.flush_into(bucket.index(), buf)  # residual from sparse steps is not lost
+        if self.memory is not None:  # residual from sparse steps is not lost
+            self.memory.flush_into(bucket.index(), buf, bucket.gradients(), bucket.parameters())
         buf.div_(self.world)
         tensor = buf.to(torch.float16) if fp16 else buf
         n, c = buf.numel(), self.counts
@@ -159,6 +169,37 @@ class CompressionState(MeasuredState):
                                       lambda _: TopK.decompress(buf, gathered, k, d.fp16, self.world))
 
 
+    def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """PowerSGD at the decision's rank (lowrank.py): the P's (and the vectors) all_reduced and waited for,
+        then the Q's all_reduced asynchronously; error feedback in the same residual as TopK's."""
+        t0 = time.perf_counter()
+        rank, buf = self.decision.rank, bucket.buffer()
+        views, params = bucket.gradients(), bucket.parameters()
+        signal = (self.memory.compensate(bucket.index(), buf, views, params) if self.memory is not None else buf)
+        pieces = LowRank.pieces(buf, views, params, rank)
+        first, mats = self.lowrank.first_pass(signal, pieces, rank)
+        c = self.counts
+        c.selection_seconds += time.perf_counter() - t0
+        token = self.timer.start()  # waited for here: the Q's need the summed P's
+        dist.all_reduce(first, group=self.group)
+        self.timer.stop(token)
+        t1 = time.perf_counter()
+        second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
+        c.selection_seconds += time.perf_counter() - t1
+        shapes = [p.shape for p in pieces if p.shape is not None]
+        c.wire_bytes += lowrank_allreduce_bytes(shapes, vectors.numel(), rank, self.world)
+        c.payload_bytes += (first.numel() + second.numel()) * first.element_size()
+        c.elements_sent += first.numel() + second.numel()
+        c.elements_total += buf.numel()
+        residual = signal if self.memory is not None else None
+
+        def done(_: torch.futures.Future) -> torch.Tensor:
+            self.lowrank.apply(buf, residual, pieces, hats, second, vectors, self.world, rank)
+            return buf
+
+        return communicator.allreduce(second, self.group, self.timer, done)
+
+
 def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP comm hook: dense or sparse per the state's decision for this step."""
     buf = bucket.buffer()
@@ -178,7 +219,8 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
     if measuring:
         state.progress.dense(bucket.index(), buf)  # before either path changes buf in place
-    fut = state.dense(bucket) if state.decision.dense else state.sparse(bucket)
+    d = state.decision
+    fut = state.dense(bucket) if d.dense else state.low_rank(bucket) if d.rank else state.sparse(bucket)
     if not measuring:
         return fut
     index = bucket.index()
@@ -186,13 +228,13 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
 
 
 class TorchHookState(MeasuredState):
-    """torch's own hooks (fp16, PowerSGD) with our measurements around them.
+    """torch's own hooks (fp16) with our measurements around them.
 
     inner_hook, inner_state   the torch hook and its state
     wire                      bytes a bucket puts on the wire under that hook
     fp16                      the hook sends 16-bit values (for the record)
     always_dense              every value is sent (fp16); else a step is dense when every bucket's wire is the
-                              dense fp32 all-reduce's (PowerSGD before startIter)
+                              dense fp32 all-reduce's
     """
 
     def __init__(self, inner_hook: Callable, inner_state: Any, wire: Callable[[dist.GradBucket], float],
@@ -206,7 +248,8 @@ class TorchHookState(MeasuredState):
         self.dense = True
 
     def _decision_fields(self) -> dict:
-        return {"fp16": self.fp16, "dense": self.dense, "warmup": False}
+        return {"fp16": self.fp16, "dense": self.dense, "warmup": False,
+                "dense_reason": "method" if self.dense else "", "probe": False}
 
     def _extra_fields(self, record: dict) -> dict:
         return {"elements_sent": 0.0}  # the measure of selection work: these hooks select nothing

@@ -1,10 +1,10 @@
 """Error feedback: what a step did not send is added to the next step's gradient.
 
-Invariant (tested): for every bucket, sum of gradients fed in == sum of what
-was sent + the residual still held. Residuals are keyed by bucket index; DDP
-rebuilds its buckets after the first iteration, so a residual whose size no
-longer matches its bucket is dropped (the hooks keep iteration 0 dense, so in
-practice nothing is dropped).
+Invariant (tested): for every parameter, sum of gradients fed in == sum of what was sent + the residual still
+held, across DDP's bucket rebuild too. Residuals (and momentum correction's velocities) are flat per bucket,
+laid out as the bucket's buffer, but each piece belongs to its parameter: DDP rebuilds its buckets after the
+first step (another order, other sizes), and each parameter's piece then moves to its place in the new layout
+(``ParameterLayout``). So compression may begin at step 0.
 """
 
 from __future__ import annotations
@@ -12,35 +12,90 @@ from __future__ import annotations
 import torch
 
 
-class ResidualMemory:
+class ParameterLayout:
+    """Flat per-bucket tensors whose pieces follow their parameters through DDP's bucket rebuild.
+
+    ``tensor(index, grad, views, params)`` is bucket ``index``'s tensor, shaped as its buffer ``grad`` (whose
+    per-parameter views are ``views``). When the bucket at ``index`` holds other parameters than last time (the
+    rebuild after step 0), a new tensor is made and each parameter's piece is copied from wherever it was; the
+    old layout's buckets that shared a parameter are dropped (their other pieces are kept per parameter until
+    their new bucket claims them).
+    """
+
     def __init__(self) -> None:
-        self.residuals: dict[int, torch.Tensor] = {}
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.layouts: dict[int, tuple[int, ...]] = {}
+        self.by_param: dict[int, torch.Tensor] = {}  # id(parameter) -> its piece of a bucket's tensor
 
-    def slot(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+    def tensor(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
+               params: list[torch.Tensor], create: bool = True) -> torch.Tensor | None:
+        """The bucket's tensor; None (with ``create`` False) where no parameter of it has a piece yet."""
+        layout = tuple(id(p) for p in params)
+        t = self.tensors.get(index)
+        if t is not None and self.layouts[index] == layout and t.numel() == grad.numel() and t.device == grad.device:
+            return t
+        if not create and not any(id(p) in self.by_param for p in params):
+            return None
+        t = torch.zeros_like(grad)
+        members = set(layout)
+        for stale in [i for i, ids in self.layouts.items() if i != index and members.intersection(ids)]:
+            del self.tensors[stale], self.layouts[stale]
+        base = grad.storage_offset()
+        for view, param in zip(views, params, strict=True):
+            start = view.storage_offset() - base
+            piece = t[start:start + view.numel()]
+            old = self.by_param.get(id(param))
+            if old is not None and old.numel() == piece.numel():
+                piece.copy_(old.to(piece.device))
+            self.by_param[id(param)] = piece
+        self.tensors[index], self.layouts[index] = t, layout
+        return t
+
+    def get(self, index: int) -> torch.Tensor | None:
+        """The tensor last laid out for ``index`` (no layout check: for what the same step made)."""
+        return self.tensors.get(index)
+
+
+class ResidualMemory:
+    """What sparse steps did not send, per parameter (laid out per bucket: ``ParameterLayout``)."""
+
+    def __init__(self) -> None:
+        self.layout = ParameterLayout()
+
+    @property
+    def residuals(self) -> dict[int, torch.Tensor]:
+        """The residuals by bucket index (the current layout's)."""
+        return self.layout.tensors
+
+    def slot(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
+             params: list[torch.Tensor]) -> torch.Tensor:
         """The bucket's residual (zeros at first), for a caller that adds ``grad`` itself."""
-        r = self.residuals.get(index)
-        if r is None or r.numel() != grad.numel() or r.device != grad.device:
-            r = torch.zeros_like(grad)
-            self.residuals[index] = r
-        return r
+        return self.layout.tensor(index, grad, views, params)
 
-    def compensate(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+    def compensate(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
+                   params: list[torch.Tensor]) -> torch.Tensor:
         """residual += grad; returns the residual, which now holds the full signal.
 
         The caller selects from it and subtracts what it sends (see :meth:`sent`).
         """
-        return self.slot(index, grad).add_(grad)
+        return self.slot(index, grad, views, params).add_(grad)
 
     @staticmethod
     def sent(residual: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Remove what was actually transmitted (after any fp16 rounding)."""
         residual.index_add_(0, indices, values.to(residual.dtype), alpha=-1)
 
-    def flush_into(self, index: int, grad: torch.Tensor) -> None:
-        """Before a dense step: fold the residual into the gradient, nothing is lost."""
-        r = self.residuals.pop(index, None)
-        if r is not None and r.numel() == grad.numel():
+    def flush_into(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
+                   params: list[torch.Tensor]) -> None:
+        """Before a dense step: fold the residual into the gradient (and empty it), nothing is lost."""
+        r = self.layout.tensor(index, grad, views, params, create=False)
+        if r is not None:
             grad.add_(r)
+            r.zero_()
+
+    def total(self) -> float:
+        """The sum of every residual held (for tests and diagnostics)."""
+        return float(sum(float(p.sum()) for p in self.layout.by_param.values()))
 
 
 class LocalMomentum:
@@ -71,9 +126,12 @@ class LocalMomentum:
 
     def __init__(self, momentum: float, weight_decay: float, masking: bool = False) -> None:
         self.momentum, self.weight_decay, self.masking = momentum, weight_decay, masking
-        self.velocities: dict[int, torch.Tensor] = {}
-        self.layouts: dict[int, tuple[int, ...]] = {}
-        self.by_param: dict[int, torch.Tensor] = {}  # id(parameter) -> its slice of a bucket's velocity
+        self.layout = ParameterLayout()
+
+    @property
+    def velocities(self) -> dict[int, torch.Tensor]:
+        """The velocities by bucket index (the current layout's)."""
+        return self.layout.tensors
 
     def accumulate(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
                    params: list[torch.Tensor]) -> None:
@@ -82,33 +140,12 @@ class LocalMomentum:
         if self.weight_decay:
             for view, param in zip(views, params, strict=True):
                 view.add_(param.detach(), alpha=self.weight_decay)
-        u = self._velocity(index, grad, views, params)
+        u = self.layout.tensor(index, grad, views, params)
         grad.add_(u, alpha=self.momentum)
         u.copy_(grad)
 
-    def _velocity(self, index: int, grad: torch.Tensor, views: list[torch.Tensor],
-                  params: list[torch.Tensor]) -> torch.Tensor:
-        layout = tuple(id(p) for p in params)
-        u = self.velocities.get(index)
-        if u is not None and self.layouts[index] == layout:
-            return u
-        u = torch.zeros_like(grad)  # a new bucket, or a rebuilt one: gather each parameter's velocity
-        members = set(layout)
-        for stale in [i for i, ids in self.layouts.items() if i != index and members.intersection(ids)]:
-            del self.velocities[stale], self.layouts[stale]  # an old layout's bucket (by_param keeps its pieces)
-        base = grad.storage_offset()
-        for view, param in zip(views, params, strict=True):
-            start = view.storage_offset() - base
-            piece = u[start:start + view.numel()]
-            old = self.by_param.get(id(param))
-            if old is not None and old.numel() == piece.numel():
-                piece.copy_(old)
-            self.by_param[id(param)] = piece
-        self.velocities[index], self.layouts[index] = u, layout
-        return u
-
     def sent(self, index: int, indices: torch.Tensor) -> None:
         """A sparse step sent these coordinates: with masking, forget their momentum."""
-        u = self.velocities.get(index)
+        u = self.layout.get(index)
         if self.masking and u is not None:
             u.index_fill_(0, indices.to(torch.long), 0)

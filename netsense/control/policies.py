@@ -24,6 +24,7 @@ class Decision:
     fp16: bool = False  # values as 16-bit
     dense: bool = True  # dense allreduce (else sparse all_gather of values+indices)
     prune: float = 0.0  # fraction of smallest-|weight| entries zeroed first
+    rank: int = 0  # > 0: low-rank (PowerSGD at this rank) instead of TopK, when not dense
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,26 @@ class FixedDensity(Policy):
         return self.decision
 
 
+class FixedLowRank(Policy):
+    """powersgd: always the same rank (PowerSGD, netsense.compression.lowrank)."""
+
+    def __init__(self, rank: int):
+        self.decision = Decision(dense=False, rank=rank)
+
+    def update(self, m: StepMeasurement) -> None:
+        pass
+
+    def decide(self) -> Decision:
+        return self.decision
+
+
+def lowrank_allreduce_bytes(shapes: list[tuple[int, int]], vector_elements: int, rank: int, world: int) -> float:
+    """PowerSGD's wire per rank: the P's and the vectors in one all_reduce, the Q's in a second."""
+    p = sum(min(rank, n, m) * n for n, m in shapes) + vector_elements
+    q = sum(min(rank, n, m) * m for n, m in shapes)
+    return dense_allreduce_bytes(p, world) + dense_allreduce_bytes(q, world)
+
+
 class PaperAIMD(Policy):
     """NetSenseML as published (Algorithms 1 and 2), every constant a parameter.
 
@@ -103,8 +124,8 @@ class PaperAIMD(Policy):
         otherwise                 ->  ratio += beta       (additive increase)
 
     Start-up (the paper mentions one without detail): the ratio doubles each step
-    until the first decrease, like BBR's/TCP's slow start. The dense warm-up
-    step (step 0, or warmupSteps) is sensed, not reacted to: its payload is the
+    until the first decrease, like BBR's/TCP's slow start. A dense warm-up
+    step (warmupSteps, none by default) is sensed, not reacted to: its payload is the
     BDP it measured, and taking it as a decision ended the start-up at once.
     Reduction: fp16 values when ratio < trq and the gradient's L2 norm > trd,
     which halves the bytes per value and so doubles the ratio; pruning of the
@@ -329,6 +350,10 @@ class TimeToAccuracyController(Policy):
 
     TOLERANCE = 0.05
     REPROBE_GAIN = 1.25
+    # The first step's payload per rank: it knows neither the compute time nor the link (see decide). 64 kB is
+    # 51 ms at 10 Mbit/s and well under a millisecond at 1 Gbit/s, so a slow link pays little for it and a fast
+    # one reads it as app-limited and is found by the startup probes that follow.
+    FIRST_BYTES = 64e3
 
     KNEE_WEIGHT = 0.1  # of a new sparse update's progress in the knee's running sums (about ten updates)
     KNEE_MIN_UPDATES = 5  # sparse updates measured before the measured knee replaces the prior
@@ -358,7 +383,9 @@ class TimeToAccuracyController(Policy):
     def update(self, m: StepMeasurement) -> None:
         before = self.sensor.bandwidth
         self.sensor.observe(m.wire_bytes, m.comm_seconds)
-        self.reprobe = before > 0 and self.sensor.bandwidth > self.REPROBE_GAIN * before
+        # After the first step's small probe (first()) its sample "found more": the startup probes follow it,
+        # doubling while they do.
+        self.reprobe = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
         self.since_probe = 1 if self.probing else self.since_probe + 1  # a probe's own step counts
         if self.probing:
             self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
@@ -401,9 +428,11 @@ class TimeToAccuracyController(Policy):
         return (1 + self.knee / d.density) * step
 
     def decide(self) -> Decision:
-        if self.world == 1 or self.sensor.bandwidth == 0 or self.compute_s == 0:
-            self.last, self.probing = Decision(), False  # dense until measured: also the most accurate probe
+        if self.world == 1:
+            self.last, self.probing = Decision(), False  # nothing to send
             return self.last
+        if self.sensor.bandwidth == 0 or self.compute_s == 0:
+            return self.first()
         density = min(1.0, max(self.min_density, self.sparse_density()))
         options = [Decision(), Decision(fp16=True)]
         sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=True)
@@ -419,6 +448,23 @@ class TimeToAccuracyController(Policy):
         self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
         if self.probing:
             self.last = self.probe(density)
+        return self.last
+
+    def first(self) -> Decision:
+        """Step 0, before anything is measured: a probe of ``FIRST_BYTES`` a rank (sparse fp16), or dense fp16
+        where the whole model is smaller than that. It measures the compute time and a first, often
+        app-limited, bandwidth; probes then double (BBR's startup) while the estimate keeps rising by more
+        than a quarter. A dense first step would cost the whole model on the wire before anything is known:
+        36 s for ResNet18 at 10 Mbit/s."""
+        per_element = sparse_allgather_bytes(1, self.world, fp16=True)
+        k = max(1, math.ceil(self.FIRST_BYTES / per_element))
+        density = min(1.0, max(self.min_density, k / self.numel))
+        self.probing = True
+        if sparse_allgather_bytes(math.ceil(density * self.numel), self.world, True) >= dense_allreduce_bytes(
+                self.numel, self.world, fp16=True):
+            self.last = Decision(fp16=True)
+        else:
+            self.last = Decision(density=density, fp16=True, dense=False)
         return self.last
 
     def probe_spacing(self) -> int:

@@ -75,7 +75,9 @@ class LinkEstimator:
         self.fill, self.drop_after = fill, drop_after
         self.btlbw = WindowedExtreme(window, use_max=True)
         self.rtprop = WindowedExtreme(window, use_max=False)
-        self.residuals: deque[float] = deque(maxlen=memory)  # t - D/B: the fixed part, per step
+        # (D, t) of recent steps: the fixed part of each is t - D/B at the *current* estimate B, so a step taken
+        # while B was still underestimated (a small first payload, the startup's) is not read as a short L.
+        self.steps: deque[tuple[float, float]] = deque(maxlen=memory)
         self.slow: list[float] = []  # implied rates of the slow steps running
         self.last_sample = ""
 
@@ -85,14 +87,20 @@ class LinkEstimator:
         return self.btlbw.value()
 
     @property
+    def residuals(self) -> list[float]:
+        """t - D/B of the recent steps, at the current estimate: what the model leaves over, the fixed part."""
+        b = self.bandwidth
+        return [max(0.0, t - d / b) for d, t in self.steps] if b > 0 else []
+
+    @property
     def fixed(self) -> float:
         """L: the collectives' fixed seconds in a typical step (median of what the model leaves over)."""
-        return statistics.median(self.residuals) if self.residuals else 0.0
+        return statistics.median(self.residuals) if self.steps else 0.0
 
     @property
     def fixed_low(self) -> float:
         """The lower quartile of L: how short the fixed part of a step can be."""
-        if len(self.residuals) < 2:
+        if len(self.steps) < 2:
             return 0.0
         return statistics.quantiles(self.residuals, n=4)[0]
 
@@ -121,15 +129,15 @@ class LinkEstimator:
             self.btlbw.add(rate)
             self.last_sample = "measure"
             return
-        known = len(self.residuals) >= self.LEARN_FIXED  # until L is known, a sample can only raise
-        self.residuals.append(max(0.0, t - d / b))
+        known = len(self.steps) >= self.LEARN_FIXED  # until L is known, a sample can only raise
+        self.steps.append((d, t))
         if known and t > 2 * (fixed + d / b):
             self.slow.append(d / max(t - fixed, t / 2))
             self.last_sample = "slow"
             if len(self.slow) >= self.drop_after:
                 self.btlbw.clear()
                 self.btlbw.add(max(self.slow))
-                self.residuals.clear()
+                self.steps.clear()
                 self.slow.clear()
                 self.last_sample = "drop"
             return

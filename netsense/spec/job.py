@@ -195,9 +195,11 @@ COMPRESSION = Union("method", {
     "fp16": Obj({}, doc="torch's fp16 compression hook: the dense gradient as 16-bit values"),
     "powersgd": Obj({
         "rank": F(Int(min=1, doc="matrix approximation rank"), default=1),
-        "startIter": F(Int(min=2, doc="vanilla allreduce until this step"), default=10),
+        "startIter": F(Int(min=0, doc="vanilla allreduce until this step (torch's meaning; none by default: "
+                                      "the warm start and the residual follow their parameters through DDP's "
+                                      "bucket rebuild)"), default=0),
         "errorFeedback": _ERROR_FEEDBACK,
-    }, doc="torch's PowerSGD hook"),
+    }, doc="PowerSGD (Vogels et al. 2019), one power iteration a step with warm start, in our hook"),
     "topk": Obj({
         "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
         "errorFeedback": _ERROR_FEEDBACK,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "density", "bytes", "comm_s", "compute_s",
                     "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "est_knee", "progress_made", "progress_dense",
-                    "link_rate_mbit", "samples_per_s", "accuracy"]
+                    "link_rate_mbit", "samples_per_s", "dense_reason", "probe", "accuracy"]
 
 
 @dataclass
@@ -37,9 +37,15 @@ class Timeline:
         return samples_per_step * (len(self.rows) - skip) / dt if dt > 0 else 0.0
 
 
+TEXT_COLUMNS = ("dense_reason",)  # the timeline's columns that are words, not numbers
+
+
 def read_timeline(path: str) -> list[dict]:
+    def value(k: str, v: str | None):
+        return None if v in ("", None) else v if k in TEXT_COLUMNS else float(v)
+
     with open(path) as fh:
-        return [{k: (float(v) if v not in ("", None) else None) for k, v in r.items()} for r in csv.DictReader(fh)]
+        return [{k: value(k, v) for k, v in r.items()} for r in csv.DictReader(fh)]
 
 
 def write_result(out_dir: str, result: dict) -> str:

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -264,8 +265,9 @@ class Trainer:
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
                     est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
                     est_knee=rec.get("est_knee"), progress_made=rec.get("progress_made") or None,
-                    progress_dense=rec.get("progress_dense") or None, link_rate_mbit=self.link_rate_mbit(), samples_per_s=round(samples_per_step / step_time, 2),
-                    accuracy=None)
+                    progress_dense=rec.get("progress_dense") or None, link_rate_mbit=self.link_rate_mbit(),
+                    samples_per_s=round(samples_per_step / step_time, 2), dense_reason=rec.get("dense_reason"),
+                    probe=int(bool(rec.get("probe"))), accuracy=None)
                 end_of_epoch = i == len(batches) - 1
                 eval_due = self._eval_due(s.step, end_of_epoch) or s.step == max_steps
                 sync_due = s.step < max_steps and (s.step % SYNC_EVERY == 0 or eval_due)
@@ -331,6 +333,10 @@ class Trainer:
             "final_loss": round(s.last_loss, 5),
             "mean_density": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
             "dense_warmup_steps": sum(1 for h in hist if h["warmup"]),
+            # why the dense steps were dense: warm-up (warmupSteps, PowerSGD's startIter), controller (chosen),
+            # it), method (allreduce, fp16: every step); a method that compresses pays none it did not choose
+            "dense_steps": dict(Counter(h["dense_reason"] for h in hist if h.get("dense"))),
+            "probe_steps": sum(1 for h in hist if h.get("probe")),
             "bytes_sent_per_worker": int(wire),
             # bytes on the wire over the training clock: never above the link for long
             "wire_goodput_mbit": round(wire * 8 / s.train_time / 1e6, 3) if s.train_time > 0 else None,
