@@ -2,9 +2,17 @@
 
 A second replica (a rolling update, a mistaken `replicas: 2`) waits for the
 Lease instead of reconciling beside the first: two operators restarting the
-same gang would fight. The holder renews every RENEW_S; a holder that cannot
-renew within LEASE_S stops (its process exits and the Deployment restarts it),
-and one that stops cleanly hands the Lease back so a successor starts at once.
+same gang would fight. The holder renews every RENEW_S; one that stops cleanly
+hands the Lease back so a successor starts at once.
+
+Two clocks are never compared. A waiting replica does not read the holder's
+renewTime against its own wall clock (hosts' clocks differ): it notes when it
+*saw* the Lease last change, on its own monotonic clock, and takes it only once
+the Lease has stood unchanged for LEASE_S there (client-go's observedTime). The
+holder stops acting (its process exits, the Deployment restarts it) once
+RENEW_DEADLINE_S has passed on its own monotonic clock since its last successful
+renewal, which is before any successor can have counted LEASE_S from that
+renewal: the old leader is gone before a new one starts.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from kubernetes.client.rest import ApiException
 log = logging.getLogger("netsense.leader")
 LEASE_S = 15
 RENEW_S = 5
+RENEW_DEADLINE_S = 10  # < LEASE_S: the holder gives up before anyone may take over
+RETRY_S = 1  # between renewals that failed
 
 
 def _now() -> datetime.datetime:
@@ -40,12 +50,19 @@ def _time(value) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
+class LeaseNamespaceMissing(RuntimeError):
+    """The Lease's namespace does not exist: the message says what to do, in one line."""
+
+
 class LeaseElector:
-    def __init__(self, namespace: str, name: str = "netsense-operator", identity: str | None = None):
+    def __init__(self, namespace: str, name: str = "netsense-operator", identity: str | None = None,
+                 api: client.CoordinationV1Api | None = None, clock: Callable[[], float] = time.monotonic):
         self.namespace, self.name = namespace, name
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.api = client.CoordinationV1Api()
+        self.api = api or client.CoordinationV1Api()
+        self.clock = clock
         self._stop = threading.Event()
+        self._seen: tuple[str, float] | None = None  # (the Lease's resourceVersion, when we saw it change)
 
     def _lease_body(self, resource_version: str | None = None, holder: str | None = None) -> dict:
         now = _micro(_now())
@@ -69,12 +86,18 @@ class LeaseElector:
             except ApiException as e2:
                 if e2.status == 409:  # someone else was quicker
                     return "another replica"
+                if e2.status == 404:
+                    raise LeaseNamespaceMissing(
+                        f"the namespace {self.namespace!r} for the leader-election Lease does not exist: create it "
+                        "(kubectl apply -k manifests/overlays/local does), or set NETSENSE_LEASE_NAMESPACE to an "
+                        "existing one, or NETSENSE_LEADER_ELECTION=false for a single replica") from None
                 raise
         spec = lease.spec
         holder = spec.holder_identity or ""
-        renewed = _time(spec.renew_time or spec.acquire_time)
-        expired = renewed is None or _now() - renewed > datetime.timedelta(seconds=spec.lease_duration_seconds or
-                                                                             LEASE_S)
+        version = lease.metadata.resource_version
+        if self._seen is None or self._seen[0] != version:
+            self._seen = (version, self.clock())  # it changed (or we just met it): its clock starts now, ours
+        expired = self.clock() - self._seen[1] > (spec.lease_duration_seconds or LEASE_S)
         if holder and holder != self.identity and not expired:
             return holder
         body = self._lease_body(lease.metadata.resource_version)
@@ -102,18 +125,19 @@ class LeaseElector:
         """Renew in a daemon thread; call on_lost if the Lease cannot be kept."""
 
         def renew() -> None:
-            last_ok = time.monotonic()
-            while not self._stop.wait(RENEW_S):
+            last_ok, wait = self.clock(), RENEW_S
+            while not self._stop.wait(wait):
                 try:
                     if self.try_acquire() is None:
-                        last_ok = time.monotonic()
+                        last_ok, wait = self.clock(), RENEW_S
                         continue
                     log.error("the lease was taken by another operator: stopping")
-                except Exception as e:  # the API server is away: keep trying until the lease lapses
-                    if time.monotonic() - last_ok < LEASE_S:
+                except Exception as e:  # the API server is away: retry until the renew deadline
+                    if self.clock() - last_ok < RENEW_DEADLINE_S:
                         log.warning("renewing the lease failed (%s): retrying", e)
+                        wait = min(RETRY_S, max(0.0, RENEW_DEADLINE_S - (self.clock() - last_ok)))
                         continue
-                    log.error("could not renew the lease for %ss: stopping", LEASE_S)
+                    log.error("could not renew the lease for %ss: stopping before another may lead", RENEW_DEADLINE_S)
                 on_lost()
                 return
 

@@ -25,11 +25,20 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
     elector = None
     if os.environ.get("NETSENSE_LEADER_ELECTION", "true") != "false":
         from netsense.kubeclient import load_kube_config
-        from netsense_operator.leader import LeaseElector
+        from netsense_operator.leader import LeaseElector, LeaseNamespaceMissing
 
         load_kube_config()
-        elector = LeaseElector(os.environ.get("NETSENSE_LEASE_NAMESPACE", "netsense-system"))
-        elector.acquire()
+        elector = LeaseElector(lease_namespace())
+        standby = _standby_health(liveness)  # a waiting replica is alive: its liveness probe must say so
+        try:
+            elector.acquire()
+        except LeaseNamespaceMissing as e:
+            logging.getLogger("netsense.operator").error("%s", e)
+            return 1
+        finally:
+            if standby is not None:
+                standby.shutdown()
+                standby.server_close()
     # kopf runs in a thread of its own and this thread owns the signals: on SIGTERM the lease is handed back
     # at once and the process is gone within STOP_S, where kopf's own shutdown could hang on an open watch
     # for minutes (a successor would wait for the lease to lapse meanwhile).
@@ -65,6 +74,47 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
         logging.shutdown()
         os._exit(code)
     return code
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def lease_namespace() -> str:
+    """NETSENSE_LEASE_NAMESPACE, else the namespace the operator runs in (its service account's), else
+    netsense-system (a developer's kubeconfig)."""
+    if os.environ.get("NETSENSE_LEASE_NAMESPACE"):
+        return os.environ["NETSENSE_LEASE_NAMESPACE"]
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as fh:
+            return fh.read().strip() or "netsense-system"
+    except OSError:
+        return "netsense-system"
+
+
+def _standby_health(liveness: str | None):
+    """While this replica waits for the Lease, answer its liveness endpoint (kopf's starts only once it leads);
+    None without one."""
+    if not liveness:
+        return None
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlparse
+
+    url = urlparse(liveness)
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+            ok = self.path.split("?")[0] == (url.path or "/")
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            if ok:
+                self.wfile.write(b"waiting for the lease\n")
+
+        def log_message(self, *_) -> None:
+            pass
+
+    server = ThreadingHTTPServer((url.hostname or "0.0.0.0", url.port or 8080), Healthy)
+    threading.Thread(target=server.serve_forever, name="standby-health", daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,167 @@
+"""Leader election without comparing two hosts' clocks (operator/netsense_operator/leader.py).
+
+A waiting replica takes the Lease only once it has seen it unchanged for the lease duration on its own
+monotonic clock, whatever the holder's renewTime says; a holder that cannot renew gives up before that long
+has passed, so two operators never act at once. Units against a fake Lease API (no sleeping on the election's
+own timers), and against the real API server what a user meets first: a missing namespace, and a waiting
+replica's liveness probe."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from kubernetes.client.rest import ApiException
+from netsense_operator import leader
+from netsense_operator.leader import LeaseElector, LeaseNamespaceMissing
+
+
+class FakeLeases:
+    """One Lease, with resourceVersions as the API server keeps them (a stale replace is a 409)."""
+
+    def __init__(self, namespace_exists: bool = True):
+        self.lease = None
+        self.version = 0
+        self.namespace_exists = namespace_exists
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise ApiException(status=503, reason="the API server is away")
+
+    def read_namespaced_lease(self, name, namespace):
+        self._check()
+        if self.lease is None:
+            raise ApiException(status=404, reason="NotFound")
+        spec = self.lease["spec"]
+        return SimpleNamespace(metadata=SimpleNamespace(resource_version=str(self.version)), spec=SimpleNamespace(
+            holder_identity=spec["holderIdentity"], renew_time=spec["renewTime"], acquire_time=spec["acquireTime"],
+            lease_duration_seconds=spec["leaseDurationSeconds"]))
+
+    def create_namespaced_lease(self, namespace, body):
+        self._check()
+        if not self.namespace_exists:
+            raise ApiException(status=404, reason=f'namespaces "{namespace}" not found')
+        if self.lease is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.lease, self.version = body, self.version + 1
+
+    def replace_namespaced_lease(self, name, namespace, body):
+        self._check()
+        if body["metadata"].get("resourceVersion") != str(self.version):
+            raise ApiException(status=409, reason="Conflict")
+        self.lease, self.version = body, self.version + 1
+
+    def skew(self, seconds: float) -> None:
+        """The holder's wall clock is this far from ours: its renewTime says so (a new version too)."""
+        when = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds)
+        self.lease["spec"]["renewTime"] = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.version += 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize("holder_skew_s", [-3600, 0, 3600])
+def test_a_waiting_replica_counts_the_lease_on_its_own_clock(holder_skew_s):
+    """Whether the holder's clock is an hour behind, right, or an hour ahead: the Lease is taken only after it
+    stood unchanged for its duration as the waiting replica saw it."""
+    api, clock = FakeLeases(), Clock()
+    a = LeaseElector("ns", identity="a", api=api)
+    assert a.try_acquire() is None
+    api.skew(holder_skew_s)
+    b = LeaseElector("ns", identity="b", api=api, clock=clock)
+    assert b.try_acquire() == "a"  # seen now: its clock starts now
+    clock.t += leader.LEASE_S - 1
+    assert b.try_acquire() == "a"
+    clock.t += 2
+    assert b.try_acquire() is None and api.lease["spec"]["holderIdentity"] == "b"
+
+
+def test_a_holder_that_keeps_renewing_keeps_the_lease_however_old_its_renew_time_reads():
+    api, clock = FakeLeases(), Clock()
+    a = LeaseElector("ns", identity="a", api=api)
+    a.try_acquire()
+    b = LeaseElector("ns", identity="b", api=api, clock=clock)
+    for _ in range(10):
+        api.skew(-3600)  # every renewal, an hour behind by our clock
+        assert b.try_acquire() == "a"
+        clock.t += leader.RENEW_S
+
+
+def test_a_holder_that_cannot_renew_stops_before_anyone_may_take_over(monkeypatch):
+    """The API server away: the holder retries, then gives up at RENEW_DEADLINE_S (< LEASE_S) after its last
+    renewal, by its own clock."""
+    monkeypatch.setattr(leader, "RENEW_S", 0.05)
+    monkeypatch.setattr(leader, "RETRY_S", 0.01)
+    monkeypatch.setattr(leader, "RENEW_DEADLINE_S", 0.3)
+    assert leader.RENEW_DEADLINE_S < leader.LEASE_S
+    api = FakeLeases()
+    a = LeaseElector("ns", identity="a", api=api)
+    a.try_acquire()
+    lost = threading.Event()
+    api.down = True
+    went_down = time.monotonic()
+    a.keep(lost.set)
+    assert lost.wait(10), "the holder went on acting without its lease"
+    assert time.monotonic() - went_down >= 0.3 - 0.05, "it gave up before its renew deadline"
+    a._stop.set()
+
+
+def test_a_missing_lease_namespace_is_one_line_saying_what_to_do():
+    with pytest.raises(LeaseNamespaceMissing) as e:
+        LeaseElector("netsense-system", identity="a", api=FakeLeases(namespace_exists=False)).try_acquire()
+    message = str(e.value)
+    assert "\n" not in message and "'netsense-system'" in message
+    assert "NETSENSE_LEASE_NAMESPACE" in message and "NETSENSE_LEADER_ELECTION=false" in message
+
+
+# ---- the real API server ---------------------------------------------------------------------------------
+
+@pytest.mark.apiserver
+def test_the_operator_against_a_cluster_without_the_lease_namespace_exits_with_one_line(control_plane):
+    env = {**os.environ, "KUBECONFIG": control_plane.kubeconfig, "NETSENSE_LEASE_NAMESPACE": "no-such-namespace",
+           "NETSENSE_METRICS_ADDR": "off"}
+    proc = subprocess.run([sys.executable, "-m", "netsense_operator"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "'no-such-namespace'" in lines[0] and "does not exist" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.apiserver
+def test_a_waiting_replica_answers_its_liveness_probe(operator, operator_kubeconfig, tmp_path):
+    """The session's operator leads; a second one waits, and its liveness endpoint says it is alive (a probe
+    that failed while it waited had the kubelet kill it over and over)."""
+    from support.kube import OperatorProcess, wait_for
+    from support.net import free_port
+
+    port = free_port()
+    second = OperatorProcess(operator_kubeconfig, str(tmp_path / "second.log"),
+                             args=("--liveness", f"http://127.0.0.1:{port}/healthz")).start()
+    try:
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(lambda: "waiting" in second.log(), timeout=30, what="the second operator waiting")
+        assert wait_for(healthy, timeout=15, what="the waiting replica's /healthz")
+        assert "leading as" not in second.log()
+    finally:
+        second.stop()
