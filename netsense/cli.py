@@ -40,7 +40,8 @@ def _on_signal(signum, _frame):
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"netsense: {message}", file=sys.stderr)
+    for line in str(message).splitlines() or [""]:  # several errors: one a line, each naming its field
+        print(f"netsense: {line}", file=sys.stderr)
     return code
 
 
@@ -59,10 +60,10 @@ def cmd_run(args) -> int:
     job = load_job(args.job)
     check_local(job)
     out = args.out or os.path.join("runs", f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from netsense.train.results import summary_lines
+
     result = run_job(job, out, quiet=args.quiet)
-    keys = ("status", "method", "steps", "throughput_samples_per_s", "best_accuracy", "final_accuracy",
-            "time_to_accuracy_s", "mean_density", "wire_goodput_mbit", "link_mean_rate_mbit")
-    print(json.dumps({k: result.get(k) for k in keys}, indent=1))
+    print("\n".join(summary_lines(result)))
     print(f"netsense: wrote {out}/result.json, timeline.csv" + (", timeline.png" if "plot" in result else ""),
           file=sys.stderr)
     return 0

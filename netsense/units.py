@@ -21,6 +21,7 @@ _PERCENT_RE = re.compile(rf"^\s*{_NUMBER}\s*%\s*$")
 
 RATE_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*([kKmMgGtT]?[bB][iI][tT])$"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?$"
+DURATION_UNIT_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)$"  # in a job: the unit is required
 PERCENT_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*%$"
 
 
@@ -33,6 +34,8 @@ def parse_rate(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, str):
         raise UnitError(f"a rate is a string like '200Mbit' or '1Gbit' (got {value!r})")
     m = _RATE_RE.match(value)
+    if not m and value.strip().startswith("-") and _RATE_RE.match(value.strip()[1:]):
+        raise UnitError(f"{value!r}: a rate must be positive")
     if not m:
         raise UnitError(f"{value!r} is not a rate; write e.g. '200Mbit', '1Gbit', '500kbit'")
     number, unit = float(m.group(1)), m.group(2).lower()
@@ -55,6 +58,25 @@ def format_rate(bps: float) -> str:
         if bps >= scale and abs(bps / scale - round(bps / scale)) < 1e-9:
             return f"{round(bps / scale)}{unit}"
     return f"{max(1, round(bps / 1e3))}kbit"
+
+
+def is_bare_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def bare_number_message(kind: str, value: object) -> str:
+    """Why a bare number is refused where a unit belongs, and what to write."""
+    if kind == "duration":
+        return (f"{value!r} has no unit: write '{value}ms' or '{value}s' (tc reads a bare delay as "
+                "milliseconds, a job would read seconds)")
+    if kind == "percent":
+        return (f"{value!r} has no unit: write '{value}%' for {value} percent (a bare number could be a "
+                "fraction or a percentage)")
+    return f"a rate is a string like '200Mbit' or '1Gbit' (got {value!r})"
 
 
 def parse_duration(value: object) -> float:
@@ -83,5 +105,5 @@ def parse_fraction_or_percent(value: object) -> float:
     else:
         raise UnitError(f"{value!r} is not a percentage; write e.g. '0.1%'")
     if not 0.0 <= frac <= 1.0:
-        raise UnitError(f"{value!r}: must be between 0% and 100%")
+        raise UnitError(f"{value!r}: must be between 0% and 100% (got {frac * 100:g}%)")
     return frac

@@ -81,12 +81,32 @@ def test_bad_input_is_one_line_naming_the_field_exit_2_nothing_created(tmp_path,
         nothing_left(run, before)
 
 
+@pytest.mark.root
+def test_a_kernel_without_netem_is_bad_input_exit_2_nothing_created(tmp_path):
+    from netsense.emulation.cluster import kernel_has_netem
+
+    if kernel_has_netem():
+        pytest.skip("this kernel has netem: a delay profile runs here")
+    doc = job(network={"profile": {"type": "static", "rate": "100Mbit", "delay": "20ms"}})
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "out")) as run:
+        code, _, err = finish(run, 60)
+        assert code == 2, err
+        assert err.strip().splitlines() == ["netsense: this kernel has no netem qdisc: delay/jitter/loss profiles "
+                                            "cannot run here"]
+        nothing_left(run, before)
+
+
 def test_validate_lists_every_error(tmp_path):
-    doc = job(workers=0, training={"model": "nope", "batchSize": "big"})
+    doc = job(workers=0, training={"model": "resnet", "batchSize": "big", "targetAcuracy": 0.9})
     proc = subprocess.run([*NETSENSE, "validate", write(tmp_path, doc)], capture_output=True, text=True)
     assert proc.returncode == 2
-    for f in ("spec.workers", "spec.training.model", "spec.training.batchSize"):
-        assert f in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 4, "one error a line"
+    for line, field in zip(sorted(lines), sorted(["spec.workers", "spec.training.model", "spec.training.batchSize",
+                                                   "spec.training.targetAcuracy"]), strict=True):
+        assert line.startswith(f"netsense: {field}:"), line
+    assert "did you mean 'targetAccuracy'?" in proc.stderr and "did you mean 'resnet18'?" in proc.stderr
 
 
 @pytest.mark.root
@@ -194,7 +214,7 @@ def test_a_time_varying_profile_runs_on_the_training_clock(tmp_path):
     # Worker start-up takes seconds, and evaluation (every 5 steps here) is off the training
     # clock: a profile clocked from cluster start, or on wall time, would change too early.
     doc = job(training={"maxSteps": 100000, "maxSeconds": "3s", "evalEvery": 5, "evalSamples": 360},
-              network={"profile": {"type": "steps", "steps": [{"at": 0, "rate": "100Mbit"},
+              network={"profile": {"type": "steps", "steps": [{"at": "0s", "rate": "100Mbit"},
                                                               {"at": "1.5s", "rate": "10Mbit"}]}})
     out = tmp_path / "out"
     with start("run", write(tmp_path, doc), "--out", str(out), "--quiet") as run:

@@ -89,7 +89,7 @@ def test_a_payload_after_an_idle_gap_crosses_at_the_link_rate(rate, from_bytes):
 def test_a_rate_change_in_place_sizes_the_bucket_and_the_senders_packets_for_the_new_rate():
     # Each change is awaited up to half a second past its time (the bound a scheduled change is held to):
     # applying it runs tc, which a loaded 2-core VM can delay past 150 ms (a CI run read the old rate then).
-    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "20Mbit"}, {"at": "0.5s", "rate": "1Gbit"},
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "20Mbit"}, {"at": "0.5s", "rate": "1Gbit"},
                                                         {"at": "1.5s", "rate": "20Mbit"}]})
     slow, fast = tbf_params(20e6)["burst"], tbf_params(1e9)["burst"]
 
@@ -148,7 +148,7 @@ def test_static_rate_is_achieved_within_10_percent(rate):
 
 
 def test_a_scheduled_change_binds_within_half_a_second():
-    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
         epoch = c.epoch
         out = bulk(c, 6)
@@ -189,7 +189,7 @@ def test_a_step_decline_is_followed_step_by_step():
 
 def test_a_shrinking_bucket_never_stalls_the_link():
     """GSO packets queued under a large bucket could never leave a smaller one (the link stalled for good)."""
-    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "2Gbit"}, {"at": "1s", "rate": "1Gbit"},
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "2Gbit"}, {"at": "1s", "rate": "1Gbit"},
                                                         {"at": "2s", "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
         epoch = c.epoch
@@ -311,7 +311,7 @@ def tbf_rate(c: LocalCluster, host: int) -> str:
 
 def test_with_a_start_file_the_profile_follows_the_training_clock_pauses_and_rewinds(tmp_path):
     start = str(tmp_path / "profile-start")
-    profile = build_profile({"type": "steps", "steps": [{"at": 0, "rate": "50Mbit"}, {"at": "0.5s", "rate": "20Mbit"}]})
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "50Mbit"}, {"at": "0.5s", "rate": "20Mbit"}]})
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w"), start_file=start) as c:
         time.sleep(1.0)  # workers starting: the first step holds however long that takes
         assert c.epoch is None and tbf_rate(c, 0) == "50Mbit"

@@ -10,7 +10,7 @@ import yaml
 
 from netsense import units
 from netsense.shaping.profiles import build_profile
-from netsense.spec import SpecError, load_job, parse_job
+from netsense.spec import SpecError, load_job, parse_job, parse_spec
 from netsense.spec.crd import crd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,7 @@ def test_every_error_is_reported_with_its_path():
     ({"type": "warp"}, "unknown or missing type"),
     ({"type": "static"}, "required"),
     ({"type": "steps", "steps": [{"at": "5s", "rate": "1Gbit"}]}, "first step must be at 0s"),
-    ({"type": "steps", "steps": [{"at": 0, "rate": "1Gbit"}, {"at": 0, "rate": "2Gbit"}]}, "increasing"),
+    ({"type": "steps", "steps": [{"at": "0s", "rate": "1Gbit"}, {"at": "0s", "rate": "2Gbit"}]}, "increasing"),
     ({"type": "fluctuating", "min": "1Gbit", "max": "100Mbit"}, "must not exceed max"),
     ({"type": "trace"}, "either 'file'"),
     ({"type": "static", "rate": "1Gbit", "loss": "150%"}, "between 0% and 100%"),
@@ -219,3 +219,26 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "adaptiveProbing": True}
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default
+
+
+@pytest.mark.parametrize("profile, field, says", [
+    ({"type": "static", "rate": "50Mbit", "delay": 10}, "delay", "'10ms' or '10s'"),
+    ({"type": "static", "rate": "50Mbit", "delay": "10"}, "delay", "has no unit"),
+    ({"type": "static", "rate": "50Mbit", "loss": 1}, "loss", "'1%'"),
+    ({"type": "static", "rate": "50Mbit", "loss": "150%"}, "loss", "between 0% and 100% (got 150%)"),
+    ({"type": "static", "rate": "-5Mbit"}, "rate", "must be positive"),
+    ({"type": "steps", "steps": [{"at": 0, "rate": "1Gbit"}]}, "steps[0].at", "has no unit"),
+    ({"type": "fluctuating", "min": "1Mbit", "max": "2Mbit", "period": 30}, "period", "'30s'"),
+])
+def test_a_bare_number_where_a_unit_belongs_is_refused_with_the_unit_to_write(profile, field, says):
+    """tc users read a bare delay as milliseconds and a bare loss as percent; a job would read seconds and a
+    fraction: 100x and 1000x apart. So the unit is required, and the error says which to write."""
+    with pytest.raises(SpecError) as e:
+        parse_spec({"network": {"profile": profile}})
+    assert [i.path for i in e.value.issues] == [f"spec.network.profile.{field}"]
+    assert says in e.value.issues[0].message
+
+
+def test_max_seconds_may_be_bare_seconds_as_its_name_says():
+    assert parse_spec({"training": {"maxSeconds": 30}}).training["maxSeconds"] == 30
+    assert parse_spec({"training": {"maxSeconds": "2m"}}).training["maxSeconds"] == "2m"

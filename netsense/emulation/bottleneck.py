@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 
 from netsense.emulation.bulk import available_congestion_control
-from netsense.emulation.cluster import EmulationError, LocalCluster
+from netsense.emulation.cluster import CannotRunHere, LocalCluster
 from netsense.emulation.cross import BIN_S, Flow, flows_from_spec
 from netsense.shaping.queue import read_rows, read_summary
 
@@ -37,12 +37,12 @@ class Observers:
         self.flows = flows_from_spec(self.cross_traffic)
 
     def start(self) -> None:
-        """Raises EmulationError (before starting anything) for a congestion control this kernel lacks."""
+        """Raises CannotRunHere (before starting anything) for a congestion control this kernel lacks."""
         available = available_congestion_control().split()
         for i, entry in enumerate(self.cross_traffic):
             cc = entry.get("congestionControl")
             if cc and cc not in available:
-                raise EmulationError(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
+                raise CannotRunHere(f"spec.network.crossTraffic[{i}].congestionControl: {cc!r} is not in this "
                                    f"kernel (available: {' '.join(available)})")
         me = sys.executable
         if self.cluster.shaped:  # one sampler reads every shaped link, whichever namespace it is in

@@ -45,7 +45,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, TextIO
 
-from netsense.errors import NetsenseError
+from netsense.errors import BadInput, NetsenseError
 from netsense.shaping.profiles import Profile
 from netsense.shaping.shaper import ProfileFollower
 from netsense.shaping.tc import NO_NETEM, TcLink
@@ -58,7 +58,12 @@ STATE_DIR = os.environ.get("NETSENSE_STATE_DIR", "/run/netsense")
 
 
 class EmulationError(NetsenseError, RuntimeError):
-    """The emulated cluster cannot run here; the message says why (before anything is created)."""
+    """The emulated cluster failed; the message says why."""
+
+
+class CannotRunHere(BadInput, EmulationError):
+    """What the job asks cannot run on this machine (not root, no tc, no netem, a congestion control the kernel
+    lacks): said before anything is created, and exit code 2 as for any input refused."""
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -87,12 +92,12 @@ def kernel_has_netem() -> bool:
 
 def preflight(profile: Profile | None) -> None:
     if os.geteuid() != 0:
-        raise EmulationError("the emulated cluster needs root (network namespaces and tc); run it with sudo")
+        raise CannotRunHere("the emulated cluster needs root (network namespaces and tc); run it with sudo")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise EmulationError(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")
+            raise CannotRunHere(f"`{tool}` is not installed (Debian/Ubuntu: apt-get install iproute2)")
     if profile is not None and profile.impairments.any and not kernel_has_netem():
-        raise EmulationError(NO_NETEM)
+        raise CannotRunHere(NO_NETEM)
 
 
 class LocalCluster:

@@ -92,12 +92,16 @@ def _check_trace(p: dict, path: str, errors: Errors) -> None:
         _check_steps({"steps": p["points"]}, path.rstrip("."), errors)
 
 
+# Bounds the API server needs to price the CRD's rules on each point (CEL's cost budget); a longer trace is
+# resampled, or looped (loop: true).
+MAX_STEPS = 1_000
+MAX_POINTS = 10_000
 _STEP = Obj({"at": F(Unit("duration"), required=True), "rate": F(Unit("rate"), required=True)})
 
 PROFILE = Union("type", {
     "static": Obj({"rate": F(Unit("rate", doc="e.g. 200Mbit"), required=True), **_impairments()}),
     "steps": Obj({
-        "steps": F(ListOf(_STEP, min_items=1, doc="explicit (at, rate) list")),
+        "steps": F(ListOf(_STEP, min_items=1, max_items=MAX_STEPS, doc="explicit (at, rate) list")),
         "from": F(Unit("rate", doc="generator: first rate")),
         "to": F(Unit("rate", doc="generator: last rate")),
         "by": F(Unit("rate", doc="generator: change per step")),
@@ -116,7 +120,7 @@ PROFILE = Union("type", {
     }, checks=[_check_fluctuating]),
     "trace": Obj({
         "file": F(Str(doc="CSV (t,rate) or YAML list of {at, rate}; local runs only")),
-        "points": F(ListOf(_STEP, min_items=1, doc="inline trace")),
+        "points": F(ListOf(_STEP, min_items=1, max_items=MAX_POINTS, doc="inline trace")),
         "loop": F(Bool(), default=False),
         **_impairments(),
     }, checks=[_check_trace], cel=[
@@ -153,7 +157,8 @@ TRAINING = Obj({
     "batchSize": F(Int(min=1, doc="per worker"), default=32),
     "epochs": F(Int(min=1)),
     "maxSteps": F(Int(min=1)),
-    "maxSeconds": F(Unit("duration", doc="wall budget for training")),
+    "maxSeconds": F(Unit("duration", bare_seconds=True, doc="budget of training time: '30s', '2m' (a bare "
+                         "number: seconds)")),
     "optimizer": F(Str(enum=("sgd", "adam")), default="sgd"),
     "lr": F(Float(min=0, exclusive_min=True), default=0.05),
     "momentum": F(Float(min=0, max=1), default=0.9),
@@ -294,7 +299,8 @@ NETWORK = Obj({
                       doc="per-host: the profile shapes each worker's own link; shared (emulated cluster): "
                           "workers on two racks joined by one link that the profile shapes, which every "
                           "ring hop crosses"), default="per-host"),
-    "crossTraffic": F(ListOf(CROSS_TRAFFIC, doc="background flows at the shared link (topology: shared)")),
+    "crossTraffic": F(ListOf(CROSS_TRAFFIC, max_items=16, doc="background flows at the shared link (topology: "
+                                                             "shared)")),
     "direction": F(Str(enum=("egress", "both"), doc="per-host: shape each host's uplink, or both ways"),
                    default="egress"),
     "interface": F(Str(doc="interface the sidecar shapes"), default="eth0"),
@@ -348,7 +354,7 @@ class SpecError(BadInput, ValueError):
 
     def __init__(self, issues: list[Issue]):
         self.issues = list(issues)
-        super().__init__("; ".join(str(i) for i in self.issues))
+        super().__init__("\n".join(str(i) for i in self.issues))  # one per line
 
 
 @dataclass(frozen=True)
@@ -481,7 +487,8 @@ def read_trace(path: str, field_path: str) -> list[dict]:
     if rows and not _is_number(rows[0][0].rstrip("smh")):
         rows = rows[1:]  # header
     try:
-        return [{"at": float(r[0]) if _is_number(r[0]) else r[0], "rate": r[1].strip()} for r in rows]
+        # A CSV trace's t is in seconds (its documented column): written with the unit a job's durations need.
+        return [{"at": f"{float(r[0]):g}s" if _is_number(r[0]) else r[0].strip(), "rate": r[1].strip()} for r in rows]
     except IndexError:
         raise SpecError([Issue(field_path, f"{path}: each CSV row needs t,rate")]) from None
 

@@ -8,6 +8,7 @@ from what the CLI and the operator accept.
 
 from __future__ import annotations
 
+import difflib
 import re
 import warnings
 from collections.abc import Callable, Iterable
@@ -31,6 +32,12 @@ class Issue:
 class Errors(list):
     def add(self, path: str, message: str) -> None:
         self.append(Issue(path, message))
+
+
+def did_you_mean(word: object, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for a near miss among ``known``, else ''."""
+    close = difflib.get_close_matches(str(word), list(known), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _join(path: str, key: str | int) -> str:
@@ -135,7 +142,7 @@ class Str(Node):
             errors.add(path, f"must be a string (got {value!r})")
             return None
         if self.enum is not None and value not in self.enum:
-            errors.add(path, f"unknown value {value!r} (one of: {', '.join(self.enum)})")
+            errors.add(path, f"unknown value {value!r}{did_you_mean(value, self.enum)} (one of: {', '.join(self.enum)})")
         if self.pattern is not None and not re.match(self.pattern, value):
             errors.add(path, f"{value!r} is not valid{': ' + self.pattern_hint if self.pattern_hint else ''}")
         if self.max_length is not None and len(value) > self.max_length:
@@ -155,19 +162,35 @@ class Str(Node):
 
 @dataclass
 class Unit(Node):
-    """A rate, duration or percentage string, kept as written (parsed by users of it)."""
+    """A rate, duration or percentage, kept as written (parsed by users of it), always with its unit: a bare
+    number is ambiguous where tc users read milliseconds and percent (``delay: 10``, ``loss: 1``), so it is
+    refused with the unit to write; ``bare_seconds`` allows one where the field's name says seconds
+    (``maxSeconds: 30``)."""
 
     kind: str = "rate"  # rate | duration | percent
     doc: str = ""
+    bare_seconds: bool = False
 
     _PARSERS = {
         "rate": (units.parse_rate, units.RATE_PATTERN),
-        "duration": (units.parse_duration, units.DURATION_PATTERN),
+        "duration": (units.parse_duration, units.DURATION_UNIT_PATTERN),
         "percent": (units.parse_fraction_or_percent, units.PERCENT_PATTERN),
+    }
+    # What the CRD says when a value does not match (the API server would otherwise print the raw pattern).
+    _WRITE = {
+        "rate": "a rate is written like '200Mbit', '1Gbit' or '500kbit' (bits per second)",
+        "duration": "a duration needs its unit: '10ms', '30s', '2m' or '1h' (a bare number is ambiguous)",
+        "percent": "a percentage is written like '1%' or '0.1%' (a bare number is ambiguous)",
     }
 
     def parse(self, value, path, errors):
         parser, _ = self._PARSERS[self.kind]
+        bare = not isinstance(value, bool) and (
+            isinstance(value, (int, float)) or (self.kind == "duration" and isinstance(value, str)
+                                                 and units.is_bare_number(value)))
+        if bare and not (self.kind == "duration" and self.bare_seconds):
+            errors.add(path, units.bare_number_message(self.kind, value))
+            return value
         try:
             parser(value)
         except units.UnitError as e:
@@ -176,12 +199,15 @@ class Unit(Node):
 
     def openapi(self):
         _, pattern = self._PARSERS[self.kind]
-        if self.kind == "duration":
-            # '30s' or whole seconds; a structural schema cannot put a pattern on the
-            # string branch of int-or-string, so the operator checks the text.
-            return self._described({"x-kubernetes-int-or-string": True})
-        # Rates and percentages are strings in a cluster ('200Mbit', '0.1%').
-        return self._described({"type": "string", "pattern": pattern})
+        rule = {"rule": f"self.matches(r'{pattern}')", "message": self._WRITE[self.kind]}
+        if self.kind == "rate":
+            return self._described({"type": "string", "maxLength": 32, "x-kubernetes-validations": [
+                {"rule": "!self.trim().startsWith('-')", "message": "a rate must be positive"}, rule]})
+        if self.bare_seconds:  # a number is seconds here, or a string with its unit
+            rule = {**rule, "rule": f"type(self) == int || self.matches(r'{pattern}')"}
+        else:  # int-or-string, so that a bare number gets the message, not "must be of type string"
+            rule = {**rule, "rule": f"type(self) == string && self.matches(r'{pattern}')"}
+        return self._described({"x-kubernetes-int-or-string": True, "maxLength": 32, "x-kubernetes-validations": [rule]})
 
 
 @dataclass
@@ -325,7 +351,8 @@ class Obj(Node):
                 errors.add(path, f"a key read as the boolean {key} (YAML takes unquoted on/off/yes/no for "
                                  f"booleans); known fields: {known}")
             elif key not in self.fields:
-                errors.add(_join(path, key), f"unknown field (known: {known})")
+                hint = did_you_mean(key, (n for n, f in self.fields.items() if not isinstance(f.node, Refused)))
+                errors.add(_join(path, key), f"unknown field{hint}" if hint else f"unknown field (known: {known})")
         for name, f in self.fields.items():
             sub = _join(path, name)
             if name in value and value[name] is not None:
@@ -384,7 +411,9 @@ class Union(Node):
                           "works, for now)", FutureWarning, stacklevel=2)
             kind = self.aliases[kind]
         if kind not in self.variants:
-            errors.add(_join(path, self.key), f"unknown or missing {self.key} {kind!r} (one of: {', '.join(self.variants)})")
+            hint = did_you_mean(kind, [*self.variants, *self.aliases]) if kind is not None else ""
+            errors.add(_join(path, self.key), f"unknown or missing {self.key} {kind!r}{hint} "
+                                              f"(one of: {', '.join(self.variants)})")
             return None
         variant = self.variants[kind]
         rest = {k: v for k, v in value.items() if k != self.key}

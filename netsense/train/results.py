@@ -125,3 +125,35 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     fig.savefig(png_path, dpi=90)
     plt.close(fig)
     return png_path
+
+
+def summary_lines(result: dict) -> list[str]:
+    """What a run did, for a terminal: the outcome, the target (reached or not, and the rule), speed and bytes,
+    and the bottleneck (queue, drops, cross traffic) where it was observed."""
+    def fmt(x, spec: str = ".3f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    lines = [f"{result.get('job')}: {result.get('status')}, {result.get('method')} on {result.get('workers')} "
+             f"workers, {result.get('steps')} steps ({fmt(result.get('train_seconds'), '.1f')} s of training, "
+             f"{fmt(result.get('wall_seconds'), '.1f')} s wall)"]
+    target = result.get("target_accuracy")
+    if target is not None:
+        hold = result.get("target_hold", 3)
+        tta = result.get("time_to_accuracy_s")
+        lines.append(f"  target {target}: " + (f"reached at {tta:.2f} s of training (held {hold} evaluations)"
+                                               if tta is not None else f"NOT reached (held {hold} evaluations in "
+                                               f"a row needed)") + f"; best accuracy {fmt(result.get('best_accuracy'))}, "
+                     f"final {fmt(result.get('final_accuracy'))}")
+    steps = result.get("steps") or 0
+    per_step = result.get("bytes_sent_per_worker", 0) / steps / 1e3 if steps else None
+    lines.append(f"  {fmt(result.get('throughput_samples_per_s'), '.0f')} samples/s, mean density "
+                 f"{fmt(result.get('mean_density'), '.4f')}, {fmt(per_step, '.1f')} kB a step a worker, link "
+                 f"{fmt(result.get('link_mean_rate_mbit'), 'g')} Mbit/s (mean)"
+                 + (f", dense steps {result['dense_steps']}" if result.get("dense_steps") else ""))
+    bottleneck = result.get("bottleneck") or {}
+    for label, link in (bottleneck.get("links") or {}).items():
+        lines.append(f"  link {label}: queueing delay p99 {fmt(link.get('queue_delay_p99_ms'), '.1f')} ms, max "
+                     f"{fmt(link.get('queue_delay_max_ms'), '.1f')} ms, {link.get('drops', 0)} drops")
+    for name, flow in (bottleneck.get("cross_traffic") or {}).items():
+        lines.append(f"  cross traffic {name}: {fmt(flow.get('mean_mbit_when_on'), '.1f')} Mbit/s while on")
+    return lines

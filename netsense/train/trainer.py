@@ -330,6 +330,8 @@ class Trainer:
             "target_accuracy": self.t.get("targetAccuracy"),
             "target_hold": self.t["targetHold"],
             "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
+            # said outright, so that a missed target is never just a missing number
+            "target_reached": None if self.t.get("targetAccuracy") is None else s.tta is not None,
             "final_loss": round(s.last_loss, 5),
             "mean_density": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
             "dense_warmup_steps": sum(1 for h in hist if h["warmup"]),
