@@ -56,6 +56,11 @@ def test_a_job_round_trips_with_schema_defaults(kube, ns):
     ({"compression": {"method": "topk", "density": 1.5}}, "spec.compression.density"),
     ({"compression": {"method": "tta", "density": 0.01}}, "density applies to method topk"),
     ({"compression": {"density": 0.01}}, "density applies to method topk"),  # method defaults to allreduce
+    # Readable without `netsense validate`: no raw pattern, the unit to write.
+    ({"network": {"profile": {"type": "static", "rate": "50Mbit", "delay": 10}}}, "a duration needs its unit"),
+    ({"network": {"profile": {"type": "static", "rate": "50Mbit", "loss": 1}}}, "a percentage is written like"),
+    ({"network": {"profile": {"type": "static", "rate": "fast"}}}, "a rate is written like '200Mbit'"),
+    ({"network": {"profile": {"type": "static", "rate": "-5Mbit"}}}, "a rate must be positive"),
 ])
 def test_the_server_rejects_bad_jobs_with_its_message(kube, ns, spec, message):
     with pytest.raises(client.ApiException) as e:
@@ -372,13 +377,26 @@ def test_pod_phases_drive_the_job_and_the_result_lands_in_status(kube, ns, opera
     for p in pods:
         kube.set_pod_phase(ns, p.metadata.name, "Running")
     wait_for(lambda: kube.status(ns, "phases").get("phase") == "Running", what="Running")
-    result = {"job": "phases", "status": "Succeeded", "best_accuracy": 0.93, "throughput_samples_per_s": 812.5}
+    result = {"job": "phases", "status": "Succeeded", "best_accuracy": 0.9311111111, "throughput_samples_per_s": 812.5,
+              "target_accuracy": 0.95, "target_hold": 3, "time_to_accuracy_s": None, "target_reached": False,
+              "accuracy_curve": [[10, 1.5, 0.93]]}
     kube.set_pod_phase(ns, pods[1].metadata.name, "Succeeded")
     kube.set_pod_phase(ns, pods[0].metadata.name, "Succeeded", message=json.dumps(result))
     st = wait_for(lambda: (s := kube.status(ns, "phases")).get("phase") == "Succeeded" and s, what="Succeeded")
-    assert st["result"]["best_accuracy"] == 0.93
     assert st["completionTime"] and st["workers"]["succeeded"] == 2
     assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in st["conditions"])
+    # Every key of the result, in the status's own naming, a missed target's null included.
+    got = wait_for(lambda: kube.status(ns, "phases").get("result"), what="status.result")
+    assert got == {"job": "phases", "status": "Succeeded", "bestAccuracy": 0.9311111111,
+                   "throughputSamplesPerS": 812.5, "targetAccuracy": 0.95, "targetHold": 3,
+                   "timeToAccuracyS": None, "targetReached": False, "accuracyCurve": [[10, 1.5, 0.93]]}
+    reached = next(c for c in st["conditions"] if c["type"] == "TargetReached")
+    assert reached["status"] == "False" and reached["reason"] == "NotReached"
+    assert "0.95 was not held 3 evaluations in a row (best 0.931)" in reached["message"]
+    assert st["bestAccuracy"] == 0.931 and "0.95 was not held" in st["message"]
+    # kubectl get nsj: rounded, and the target's fate in a column of its own
+    table = kube.printed("phases", ns)
+    assert table["BEST-ACC"] == "0.931" and table["TARGET"] == "False"
 
 
 def test_a_failed_worker_restarts_the_gang_until_backoff_limit(kube, ns, operator):
@@ -515,13 +533,16 @@ def test_the_status_shows_the_first_profile_step_until_training_starts():
 
     from netsense.spec import parse_spec
 
+    from netsense.shaping.profiles import build_profile
+
     job = parse_spec(quick_spec(network={"profile": {"type": "steps", "steps": [
         {"at": "0s", "rate": "1Gbit"}, {"at": "2s", "rate": "100Mbit"}]}}), "clock")
-    assert _network_status(job, None) == {"rate": "1Gbit", "step": 0, "profile": "steps"}  # pods starting
+    profile = build_profile(job.network["profile"])
+    assert _network_status(job, profile, None) == {"rate": "1Gbit", "step": 0, "profile": "steps"}  # pods starting
     # Rank 0's progress lines carry the clock the trainers agreed on.
     log = json.dumps({"event": "progress", "step": 40, "profile_epoch": time.time() - 3})
     epoch = last_progress(log)["profileEpoch"]
-    assert _network_status(job, epoch)["rate"] == "100Mbit"
+    assert _network_status(job, profile, epoch)["rate"] == "100Mbit"
 
 
 def test_waiting_reasons_name_the_container_or_the_scheduler():

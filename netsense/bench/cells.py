@@ -27,6 +27,7 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
     """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result."""
     from kubernetes import client
 
+    from netsense.keys import snake_keys
     from netsense.kubeclient import load_kube_config
 
     load_kube_config()
@@ -44,7 +45,7 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
         obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         status = obj.get("status") or {}
         if status.get("phase") == "Succeeded":
-            return {**(status.get("result") or {}), "status": "Succeeded"}
+            return {**snake_keys(status.get("result") or {}), "status": "Succeeded"}  # result.json's names
         if status.get("phase") == "Failed":
             return {"status": "Failed", "reason": status.get("message", "")}
         time.sleep(poll_s)

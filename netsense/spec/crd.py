@@ -9,8 +9,10 @@ PRINTER_COLUMNS = [
     {"name": "Method", "type": "string", "jsonPath": ".spec.compression.method"},
     {"name": "Workers", "type": "integer", "jsonPath": ".spec.workers"},
     {"name": "Rate", "type": "string", "jsonPath": ".status.network.rate"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Samples/s", "type": "number", "jsonPath": ".status.progress.samplesPerSecond"},
-    {"name": "Best-Acc", "type": "number", "jsonPath": ".status.result.best_accuracy"},
+    {"name": "Best-Acc", "type": "number", "jsonPath": ".status.bestAccuracy"},
+    {"name": "Target", "type": "string", "jsonPath": '.status.conditions[?(@.type=="TargetReached")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import copy
-import functools
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from netsense import units
 from netsense.gang import TRAINER, judge, rank_failure
+from netsense.keys import camel_keys
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
@@ -66,12 +67,27 @@ def custom() -> client.CustomObjectsApi:
     return _custom
 
 
+class DigestDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration with the spec as a digest: the whole spec in an annotation (a trace
+    of 6,000 points is 211 KiB) beside kubectl's own copy passed the 256 KiB limit on annotations, and every
+    patch of the job failed. No handler here diffs the spec (a change is refused by generation), so kopf needs
+    only to see that it changed."""
+
+    def build(self, *, body: kopf.Body, extra_fields=None):
+        essence = dict(super().build(body=body, extra_fields=extra_fields))
+        if "spec" in essence:
+            text = json.dumps(essence["spec"], sort_keys=True, separators=(",", ":"))
+            essence["spec"] = {"sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return essence
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     load_kube_config()
     settings.peering.standalone = True  # one replica (Deployment strategy Recreate)
     settings.scanning.disabled = True  # no cluster-wide CRD watching: fewer permissions
     settings.execution.max_workers = 32
+    settings.persistence.diffbase_storage = DigestDiffBase()
     settings.posting.level = logging.WARNING  # kopf's own log lines as events; ours go through kopf.event
     # The timer deletes a job once its TTL passes, so the deletion arrives while that
     # timer still runs; kopf re-checks a running timer before dropping its finalizer
@@ -84,6 +100,11 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     addr = metrics.parse_addr(os.environ.get("NETSENSE_METRICS_ADDR") or metrics.DEFAULT_ADDR)
     if addr:
         metrics.serve(addr)
+
+
+class QuotaWait(Exception):
+    """A ResourceQuota has no room for the object now: the job waits (a restart's predecessors may still hold it,
+    or other jobs), it does not fail."""
 
 
 class Refused(Exception):
@@ -133,6 +154,8 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
         raise Refused("InvalidPod", f"{kind} {name} cannot be built: {' '.join(str(e).split())}") from e
     except ApiException as e:
         message = _api_message(e)
+        if e.status == 403 and "exceeded quota" in message:
+            raise QuotaWait(f"{kind} {name}: {message}") from e
         if e.status in (400, 422) or (e.status == 403 and "cannot create resource" not in message):
             raise Refused("AdmissionRefused", f"the API server refused {kind} {name}: {message}") from e
         if e.status != 409:  # our own permissions (403), a server in trouble: try again
@@ -233,26 +256,30 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
     if job.spec["suspend"]:
         kopf.event(body, type="Normal", reason="Suspended", message="created suspended: no pods until resumed")
         patch.status.update(
-            phase=st.SUSPENDED, attempt=0, restarts=0, appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
+            phase=st.SUSPENDED, attempt=0, restarts=0, disruptions=0, appliedSpec=job.spec,
+            observedGeneration=body["metadata"].get("generation"),
             workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
             conditions=st.set_condition(None, "Suspended", "True", "Suspended", "spec.suspend is true"))
         return
+    conditions = st.set_condition(None, "Created", "True", "PodsCreated",
+                                  f"{job.workers} worker pod(s) and the rendezvous service created")
     try:
         _create_shared(job, namespace, uid)
         _create_gang(job, namespace, uid, 0)
+        kopf.event(body, type="Normal", reason="GangCreated",
+                   message=f"{job.workers} worker pod(s) and the rendezvous service")
     except Refused as e:
         _fail_early(patch, body, e.reason, str(e))
         _delete_gang(job, namespace, 0, uid)  # a partial gang holds resources for nothing
         return
-    kopf.event(body, type="Normal", reason="GangCreated",
-               message=f"{job.workers} worker pod(s) and the rendezvous service")
+    except QuotaWait as e:  # the reconcile passes create the rest once the quota has room
+        conditions = st.set_condition(None, "PodsReady", "False", "QuotaExceeded", str(e))
     patch.status.update(
         gangCreatedAt=st.now_iso(),
-        phase=st.PENDING, attempt=0, restarts=0, startTime=st.now_iso(),
-        appliedSpec=job.spec, specHash=st.spec_hash(dict(spec)),
+        phase=st.PENDING, attempt=0, restarts=0, disruptions=0, startTime=st.now_iso(),
+        appliedSpec=job.spec, observedGeneration=body["metadata"].get("generation"),
         workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
-        conditions=st.set_condition(None, "Created", "True", "PodsCreated",
-                                    f"{job.workers} worker pod(s) and the rendezvous service created"))
+        conditions=conditions)
 
 
 def _update(patch: kopf.Patch, status: dict, **fields) -> None:
@@ -263,16 +290,25 @@ def _update(patch: kopf.Patch, status: dict, **fields) -> None:
             patch.status[key] = value
 
 
-@functools.lru_cache(maxsize=256)
-def _profile(profile_json: str) -> Profile | None:
-    """Built once per distinct profile: a fluctuating one is thousands of points."""
-    return build_profile(json.loads(profile_json))
+_parsed: dict[tuple[str, object], tuple[Job, Profile | None]] = {}  # (job uid, observedGeneration) -> both
 
 
-def _network_status(job: Job, epoch: float | None) -> dict | None:
+def _applied(uid: str, name: str, status: dict) -> tuple[Job, Profile | None]:
+    """The job as recorded (status.appliedSpec), parsed, and its profile built: once per job and recorded
+    generation, not every pass (a 6,000-point trace took 79 ms of CPU a pass)."""
+    key = (uid, status.get("observedGeneration"))
+    if key not in _parsed:
+        for stale in [k for k in _parsed if k[0] == uid]:
+            del _parsed[stale]
+        job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
+        profile = job.network.get("profile")
+        _parsed[key] = (job, build_profile(profile) if profile else None)
+    return _parsed[key]
+
+
+def _network_status(job: Job, profile: Profile | None, epoch: float | None) -> dict | None:
     """The profile step in force: the first until training starts (the shapers hold it),
     then by the clock the trainers started (known from rank 0's progress lines)."""
-    profile = _profile(json.dumps(job.network.get("profile"), sort_keys=True))
     if profile is None:
         return None
     t = 0.0 if epoch is None else max(0.0, time.time() - epoch)
@@ -301,6 +337,7 @@ def reconcile(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
     start = time.perf_counter()
     try:
         _reconcile(uid=uid, status=status, patch=patch, **kwargs)
+        _remember(uid, status, patch)
     finally:
         METRICS.reconciled(time.perf_counter() - start)
         METRICS.job_phase(uid, (patch.get("status") or {}).get("phase") or status.get("phase"))
@@ -319,35 +356,36 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         return
     if phase is None or "appliedSpec" not in status:
         return  # the create handler has not finished yet
+    if _stale(uid, status):
+        return  # the watch has not shown this operator's last write yet: decide nothing on an older state
     try:
-        job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
+        job, profile = _applied(uid, name, status)
     except SpecError as e:  # recorded by an operator whose spec this one no longer reads: end, never loop
         _delete_pods(namespace, _pods(pods_by_job, uid))
         _fail_early(patch, body, "InvalidSpec", f"the spec recorded at creation no longer validates: {e}")
         METRICS.ended(st.FAILED, "InvalidSpec")
         return
     conditions = list(status.get("conditions") or [])
-    if st.spec_hash(dict(spec)) != status.get("specHash"):
-        conditions = st.set_condition(conditions, "SpecChangeRefused", "True", "Immutable",
-                                      "the spec of a started job cannot change; it keeps running as created "
-                                      "(delete and re-create the job to apply the change)")
+    conditions = _spec_change(name, body, spec, status, job, patch, conditions)
     attempt = int(status.get("attempt", 0))
     known = _pods(pods_by_job, uid)
     if _suspension(job, namespace, uid, known, spec, status, patch, body, conditions, attempt):
         return
-    pods = []
+    pods, predecessors = [], []
     for pod in known:
         # A pod of another attempt is a leftover of a restart (or of one cut short by an operator crash).
         if pod["metadata"]["labels"].get(res.LABEL_ATTEMPT) == str(attempt):
             pods.append(pod)
-        elif not pod["metadata"].get("deletionTimestamp"):
-            _delete("Pod", pod["metadata"]["name"], namespace)
+        else:
+            predecessors.append(pod)
+            if not pod["metadata"].get("deletionTimestamp"):
+                _delete("Pod", pod["metadata"]["name"], namespace)
     by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
     _update(patch, status, workers={"total": job.workers, **counts})
-    epoch = status.get("profileEpoch")
-    net = _network_status(job, None if epoch is None else float(epoch))
+    started = status.get("trainingStartTime")
+    net = _network_status(job, profile, None if started is None else st.parse_iso(started))
     if net:
         _update(patch, status, network=net)
 
@@ -362,13 +400,27 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         METRICS.ended(final_phase, reason)
 
     missing = [r for r in range(job.workers) if r not in by_rank]
-    failed = [r for r, p in phases.items() if p == "Failed"]
+    # A rank evicted, preempted, drained or deleted is a disruption, not its failure: the gang restarts at once
+    # (its collectives would wait for the lost rank until their timeout), and backoffLimit does not count it.
+    disrupted = {r: why for r, p in by_rank.items() if (why := st.disruption(p))}
+    if missing and phase == st.RUNNING:
+        disrupted.update({r: "its pod disappeared" for r in missing})
+    failed = [r for r, p in phases.items() if p == "Failed" and r not in disrupted]
     failure = rank_failure({r: st.failure_reason(by_rank[r]) for r in failed},
                            {r: t for r in failed if (t := st.finished_at(by_rank[r])) is not None})
-    if failure is None and missing and phase == st.RUNNING:
-        failure = f"rank {missing[0]} failed: its pod disappeared"
     restarts = int(status.get("restarts", 0))
     verdict = judge(failure, restarts, job.run_policy, time.time() - st.parse_iso(status["startTime"]))
+    if verdict is None and disrupted and phase in (st.PENDING, st.RUNNING):
+        rank = min(disrupted)
+        msg = f"rank {rank} was disrupted: {disrupted[rank]}; restarting the gang (not counted against backoffLimit)"
+        logger.warning(msg)
+        kopf.event(body, type="Warning", reason="Disrupted", message=msg)
+        METRICS.restarted()
+        patch.status.update(attempt=attempt + 1, disruptions=int(status.get("disruptions", 0)) + 1, phase=st.PENDING,
+                            trainingStartTime=None, gangCreatedAt=None,
+                            conditions=st.set_condition(st.set_condition(conditions, "Running", "False", "Disrupted",
+                                                                         msg), "Restarting", "True", "Disrupted", msg))
+        return
     if verdict:
         if verdict.restart:
             # Only the next attempt goes to status now; the next pass deletes this attempt's pods (they are
@@ -378,29 +430,42 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             logger.warning(msg)
             kopf.event(body, type="Warning", reason="Restarting", message=msg)
             METRICS.restarted()
-            patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, profileEpoch=None,
+            patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, trainingStartTime=None,
                                 gangCreatedAt=None,
                                 conditions=st.set_condition(st.set_condition(conditions, "Running", "False", why, msg),
                                                             "Restarting", "True", why, msg))
         else:
             finish(st.FAILED, verdict.reason, verdict.message, pods)
         return
-    try:
-        if phase == st.PENDING:  # what the gang needs to start: one deleted by someone comes back
-            _create_shared(job, namespace, uid)
-        if missing:
-            _create_gang(job, namespace, uid, attempt, missing)
-            if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
-                _update(patch, status, gangCreatedAt=st.now_iso())
-    except Refused as e:
-        _delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
-        finish(st.FAILED, e.reason, str(e), [])
-        return
-    if phase == st.PENDING:
+    blocked = None  # why the gang's missing pods are not created this pass
+    if missing and predecessors:
+        # The earlier attempt's pods must be gone first: its rank 0 would still answer the rendezvous Service
+        # (published before it is ready), and a quota sized for one gang has no room for two.
+        blocked = ("Predecessors", f"waiting for {len(predecessors)} pod(s) of an earlier attempt to terminate")
+    else:
+        try:
+            if phase == st.PENDING:  # what the gang needs to start: one deleted by someone comes back
+                _create_shared(job, namespace, uid)
+            if missing:
+                _create_gang(job, namespace, uid, attempt, missing)
+                if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
+                    _update(patch, status, gangCreatedAt=st.now_iso())
+        except Refused as e:
+            _delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
+            finish(st.FAILED, e.reason, str(e), [])
+            return
+        except QuotaWait as e:
+            blocked = ("QuotaExceeded", str(e))
+    waiting = ""
+    if blocked:
+        waiting = blocked[1]
+        conditions = st.set_condition(conditions, "PodsReady", "False", *blocked)
+    elif phase == st.PENDING:
         waiting = "; ".join(f"rank {r}: {w}" for r, p in sorted(by_rank.items())
                             if phases[r] == "Pending" and (w := st.waiting_reason(p)))
         if waiting:
             conditions = st.set_condition(conditions, "PodsReady", "False", "Waiting", waiting)
+    if phase == st.PENDING:
         limit = job.run_policy.get("pendingTimeoutSeconds")
         created = status.get("gangCreatedAt")
         if limit and created and time.time() - st.parse_iso(created) > limit:
@@ -409,10 +474,16 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             return
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
         result = st.result_of(by_rank[0])
+        message = "training finished"
         if result:
-            patch.status["result"] = result
-        finish(st.SUCCEEDED, "Completed", "training finished" + (
-            f": best accuracy {result.get('best_accuracy')}" if result else ""), [])
+            _write_result(name, namespace, result)
+            reached, why, said = st.target_condition(result)
+            conditions = st.set_condition(conditions, "TargetReached", reached, why, said)
+            best = result.get("best_accuracy")
+            _update(patch, status, bestAccuracy=None if best is None else round(best, 3))
+            message += f": {said}" if reached != "Unknown" else (
+                f": best accuracy {best:.3f}" if best is not None else "")
+        finish(st.SUCCEEDED, "Completed", message, [])
         return
     if counts["running"] + counts["succeeded"] == job.workers and counts["running"] > 0:
         if phase != st.RUNNING:
@@ -427,10 +498,72 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
         if progress:
             epoch = progress.pop("profileEpoch", None)
-            if epoch is not None:
-                _update(patch, status, profileEpoch=epoch)
+            if epoch is not None:  # when the trainers' (and the profile's) clock started, for people too
+                _update(patch, status, trainingStartTime=st.iso(float(epoch)))
             _update(patch, status, progress=progress)
     _update(patch, status, conditions=conditions)
+
+
+def _write_result(name: str, namespace: str, result: dict) -> None:
+    """status.result: every key of rank 0's result.json, in camelCase as the rest of the status, nulls kept (a
+    missed target is ``timeToAccuracyS: null``). A JSON patch, since the merge patch kopf writes status with
+    deletes a key set to null."""
+    body = [{"op": "add", "path": "/status/result", "value": camel_keys(result)}]
+    try:
+        custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body,
+                                                       _content_type="application/json-patch+json")
+    except ApiException as e:
+        raise kopf.TemporaryError(f"writing the result: {_api_message(e)}", delay=2) from e
+
+
+_written: dict[str, tuple[int, str, float]] = {}  # job uid -> (attempt, phase, when) this operator last wrote
+STALE_AFTER_S = 30.0  # a write the watch never showed (it failed) is forgotten after this long
+
+
+def _stale(uid: str, status: dict) -> bool:
+    """Whether this pass sees the job's status from before this operator's last write of its phase or attempt
+    (the watch lags the write): acting on it could, say, re-create a gang that was just finished."""
+    mine = _written.get(uid)
+    if mine is None or time.monotonic() - mine[2] > STALE_AFTER_S:
+        return False
+    return (int(status.get("attempt", 0)), status.get("phase")) != mine[:2]
+
+
+def _remember(uid: str, status: dict, patch: kopf.Patch) -> None:
+    written = patch.get("status") or {}
+    if "phase" in written or "attempt" in written:
+        _written[uid] = (int(written.get("attempt", status.get("attempt", 0))), written.get("phase", status.get("phase")),
+                         time.monotonic())
+
+
+def _spec_change(name: str, body: kopf.Body, spec: dict, status: dict, job: Job, patch: kopf.Patch,
+                 conditions: list[dict]) -> list[dict]:
+    """A started job keeps running as created (status.appliedSpec). metadata.generation says whether its spec
+    was written since (the API server's own defaults, a new CRD's included, do not count); a new generation that
+    changes only spec.suspend, or, while suspended, only spec.podTemplate (a queue such as Kueue setting the
+    nodeSelector and tolerations of the nodes it admits the job to), is taken; anything else is refused with a
+    condition."""
+    generation = body["metadata"].get("generation")
+    if generation is None or generation == status.get("observedGeneration"):
+        return conditions
+    try:
+        now = parse_spec(copy.deepcopy(dict(spec)), name).spec
+    except SpecError:
+        now = None
+    changed = {k for k in set(job.spec) | set(now or {}) if k not in st.MUTABLE and job.spec.get(k) != (now or {}).get(k)}
+    suspended = status.get("phase") == st.SUSPENDED
+    if now is not None and (not changed or (suspended and changed == {"podTemplate"})):
+        if changed:
+            patch.status["appliedSpec"] = now
+            kopf.event(body, type="Normal", reason="PodTemplateUpdated",
+                       message="spec.podTemplate changed while suspended: the next gang uses it")
+        patch.status["observedGeneration"] = generation
+        return st.set_condition(conditions, "SpecChangeRefused", "False", "Unchanged", "the spec runs as written") \
+            if any(c["type"] == "SpecChangeRefused" for c in conditions) else conditions
+    return st.set_condition(conditions, "SpecChangeRefused", "True", "Immutable",
+                            "the spec of a started job cannot change (but spec.suspend, and spec.podTemplate while "
+                            "suspended); it keeps running as created (delete and re-create the job to apply the "
+                            f"change; changed: {', '.join(sorted(changed)) or 'an invalid spec'})")
 
 
 def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict, status: dict,
@@ -446,7 +579,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
         fresh = status.get("gangCreatedAt") is not None or bool(pods)
         kopf.event(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
         patch.status.update(phase=st.PENDING, attempt=attempt + 1 if fresh else attempt, startTime=st.now_iso(),
-                            profileEpoch=None, gangCreatedAt=None,
+                            trainingStartTime=None, gangCreatedAt=None,
                             conditions=st.set_condition(conditions, "Suspended", "False", "Resumed",
                                                         "spec.suspend is false"))
         return True
@@ -457,7 +590,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
     _delete_pods(namespace, [p for p in pods if p["metadata"]["labels"].get(res.LABEL_ATTEMPT) != str(attempt)])
     _delete_gang(job, namespace, attempt, uid)
     kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
-    patch.status.update(phase=st.SUSPENDED, profileEpoch=None,
+    patch.status.update(phase=st.SUSPENDED, trainingStartTime=None,
                         workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
                         conditions=st.set_condition(
                             st.set_condition(conditions, "Running", "False", "Suspended", "spec.suspend is true"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 
 from netsense.gang import TRAINER
@@ -16,17 +15,19 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def iso(unix: float) -> str:
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def parse_iso(text: str) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 MUTABLE = ("suspend",)  # the fields a started job may change
-
-
-def spec_hash(spec: dict) -> str:
-    """What must not change once a job started (all but MUTABLE)."""
-    fixed = {k: v for k, v in spec.items() if k not in MUTABLE}
-    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+# How a pod's end reads when it was not its own failure (the DisruptionTarget condition, Kubernetes >= 1.26,
+# and the older reasons): eviction (the Eviction API, a node drain, node pressure), preemption, a lost node.
+DISRUPTION_REASONS = ("Evicted", "Preempting", "Preempted", "NodeLost", "Terminated", "Shutdown", "NodeShutdown")
 
 
 def set_condition(conditions: list[dict] | None, type_: str, status: str, reason: str, message: str) -> list[dict]:
@@ -66,6 +67,23 @@ def failure_reason(pod: dict) -> str:
     return f"{text} (exit code {exit_code})" if exit_code not in (None, 0) else text
 
 
+def disruption(pod: dict) -> str | None:
+    """Why a pod ended or is ending without failing itself, in one line (None: it did not): its deletion
+    (``kubectl delete``, a drain, the Eviction API, a lost node's), a DisruptionTarget condition, or a reason
+    of eviction or preemption. Not a succeeded pod's deletion (the job's own cleanup)."""
+    status = pod.get("status") or {}
+    if status.get("phase") == "Succeeded":
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return " ".join(f"{cond.get('reason') or 'Disrupted'}: {cond.get('message') or ''}".split())
+    if status.get("reason") in DISRUPTION_REASONS:
+        return " ".join(f"{status['reason']}: {status.get('message') or ''}".split())
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "deleted"
+    return None
+
+
 def waiting_reason(pod: dict) -> str | None:
     """Why a pod is not running yet, in one line (None when nothing says): unschedulable, or a container
     (the trainer, or the shaper: an init container) waiting, e.g. ImagePullBackOff or CrashLoopBackOff."""
@@ -78,6 +96,20 @@ def waiting_reason(pod: dict) -> str | None:
         if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
             return " ".join(f"{cs.get('name')}: {waiting['reason']} {waiting.get('message') or ''}".split())
     return None
+
+
+def target_condition(result: dict) -> tuple[str, str, str]:
+    """(status, reason, message) of the TargetReached condition from a result (result.json's keys): True with
+    the time, or False with the best accuracy and the hold rule; Unknown when the job set no target."""
+    target, hold = result.get("target_accuracy"), result.get("target_hold", 3)
+    best = result.get("best_accuracy")
+    if target is None:
+        return "Unknown", "NoTarget", "spec.training.targetAccuracy is not set"
+    if result.get("time_to_accuracy_s") is not None:
+        return ("True", "Reached", f"accuracy {target} held {hold} evaluations in a row from "
+                f"{result['time_to_accuracy_s']:.1f} s of training")
+    best_text = "none" if best is None else f"{best:.3f}"
+    return ("False", "NotReached", f"accuracy {target} was not held {hold} evaluations in a row (best {best_text})")
 
 
 def result_of(pod: dict) -> dict | None:
@@ -100,7 +132,10 @@ def last_progress(log_text: str) -> dict | None:
             except ValueError:
                 continue
             if ev.get("event") == "progress":
-                return {"step": ev.get("step"), "epoch": ev.get("epoch"), "samplesPerSecond": ev.get("samples_per_s"),
+                step, most = ev.get("step"), ev.get("max_steps")
+                return {"step": step, "epoch": ev.get("epoch"), "samplesPerSecond": ev.get("samples_per_s"),
                         "density": ev.get("density"), "loss": ev.get("loss"), "accuracy": ev.get("accuracy"),
-                        "rateMbit": ev.get("rate_mbit"), "profileEpoch": ev.get("profile_epoch")}
+                        "rateMbit": ev.get("rate_mbit"), "profileEpoch": ev.get("profile_epoch"),
+                        # for `kubectl get nsj`: how far, in words
+                        "summary": f"step {step}" + (f"/{most}" if most else "") + f", epoch {ev.get('epoch')}"}
     return None

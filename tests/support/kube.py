@@ -3,6 +3,7 @@ process, and a stand-in kubelet that moves pods through their phases."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,17 @@ class Kube:
                     and f'verb="{verb}"' in line:
                 total += int(float(line.rsplit(" ", 1)[1]))
         return total
+
+    def printed(self, name: str, ns: str) -> dict[str, str]:
+        """`kubectl get nsj NAME`'s columns for the job (the API server's Table, as kubectl prints it)."""
+        method, url, headers, body, _ = self.api.param_serialize(
+            "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}", auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        response.read()
+        table = json.loads(response.data)
+        names = [c["name"].upper() for c in table["columnDefinitions"]]
+        return {n: "" if v is None else str(v) for n, v in zip(names, table["rows"][0]["cells"], strict=True)}
 
     def job(self, ns: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
