@@ -194,12 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress line")
     s.set_defaults(fn=cmd_run)
 
-    s = sub.add_parser("validate", help="check a NetSenseJob and list every error with its field path")
-    s.add_argument("job")
+    s = sub.add_parser("validate", help="check a NetSenseJob and list every error with its field path",
+                       description="Check JOB against the NetSenseJob schema (the same rules as the CRD and the "
+                                   "operator) and print every error, one a line, with its field path and what "
+                                   "to write instead. Exit 0 when valid, 2 otherwise; nothing is created.")
+    s.add_argument("job", help="NetSenseJob YAML file")
     s.add_argument("--local", action="store_true", help="also check local files (dataPath)")
     s.set_defaults(fn=cmd_validate)
 
-    s = sub.add_parser("bench", help="run a grid of methods x profiles x seeds and compare them fairly")
+    s = sub.add_parser("bench", help="run a grid of methods x profiles x seeds and compare them fairly",
+                       description="Run every cell of GRID (methods x bandwidth profiles x seeds), each method "
+                                   "to the same target accuracy with the same budget, in a shuffled, "
+                                   "interleaved order; write DIR/summary.json (every run), table.json and "
+                                   "summary.md (time to accuracy with paired intervals, failed runs named) and "
+                                   "plots. A run interrupted and started again with the same --out reuses its "
+                                   "finished cells.")
     s.add_argument("grid", help="grid YAML (see testbed/grids/)")
     s.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/bench-TIMESTAMP)")
     s.add_argument("--cluster", action="store_true",
@@ -237,14 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the queue's summary (delay percentiles, drops) in PATH, rewritten every 5 s")
     s.set_defaults(fn=cmd_shape)
 
-    s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)")
+    s = sub.add_parser("worker", help="the trainer inside a worker pod (configured by environment)",
+                       description="The trainer of one rank, as a pod or `netsense run` starts it: configured "
+                                   "by MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and NETSENSE_JOB_FILE (the "
+                                   "job as JSON). Not for interactive use.")
     s.set_defaults(fn=cmd_worker)
 
     s = sub.add_parser("operator", add_help=False,
                        help="run the NetSenseJob Kubernetes operator (netsense-operator; --help for its options)")
     s.set_defaults(fn=cmd_operator)  # its own options pass through (main)
 
-    s = sub.add_parser("clean", help="remove the network namespaces (and their processes) left by killed runs")
+    s = sub.add_parser("clean", help="remove the network namespaces (and their processes) left by killed runs",
+                       description="Remove the emulated cluster's network namespaces (nsense-*) whose run is "
+                                   "gone, with any process left in them. A run still alive is left alone "
+                                   "unless --all.")
     s.add_argument("--all", action="store_true", help="also those of runs still alive")
     s.set_defaults(fn=cmd_clean)
     # The earlier spelling, kept for scripts that have it.
@@ -254,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--all", action="store_true", help="also those of runs still alive")
     c.set_defaults(fn=cmd_clean)
 
-    s = sub.add_parser("crd", help="print the NetSenseJob CRD (generated from the spec)")
+    s = sub.add_parser("crd", help="print the NetSenseJob CRD (generated from the spec)",
+                       description="Print the CustomResourceDefinition generated from the spec schema (its "
+                                   "validation rules included); manifests/base/crd.yaml is this output.")
     s.set_defaults(fn=cmd_crd)
     return p
 

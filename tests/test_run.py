@@ -274,3 +274,14 @@ def test_a_run_beside_the_tests_is_left_alone(tmp_path):
         code, _, err = finish(other, 300)
     assert code == 0, err
     assert json.loads((tmp_path / "b" / "result.json").read_text())["status"] == "Succeeded"
+
+
+def test_every_subcommand_explains_itself_in_its_help():
+    """`netsense COMMAND --help` says what the command does, not only its usage line."""
+    from netsense.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, parser in sub.choices.items():
+        if name in ("operator", "testbed"):  # the operator's own --help; the deprecated spelling
+            continue
+        assert parser.description and len(parser.description) > 40, f"`netsense {name} --help` has no description"

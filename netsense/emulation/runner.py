@@ -201,7 +201,7 @@ def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = T
     write_result(out_dir, result)
     png = plot_timeline and plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
                                  f"{job.name}: {job.compression['method']}, {job.workers} workers",
-                                 queue=queue, cross=cross)
+                                 queue=queue, cross=cross, result=result)
     if png:
         result["plot"] = png
     return result

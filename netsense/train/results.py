@@ -65,10 +65,22 @@ def compact(result: dict, limit: int = 4000) -> str:
     return json.dumps(keep, separators=(",", ":"), sort_keys=True)[:limit]
 
 
+def _link_label(dev: str) -> str:
+    """A shaped device, in words: the emulated cluster's h<i> (rank i's link), up0/up1 (the shared link, each
+    way), a pod's eth0 (egress) and ifb (ingress)."""
+    if dev.startswith("h") and dev[1:].split("-")[0].isdigit():
+        rank = dev[1:].split("-")[0]
+        return f"rank {rank}'s link, {'down' if dev.endswith('-down') else 'up'} ({dev})"
+    return {"up0": "shared link, rack A to B (up0)", "up1": "shared link, rack B to A (up1)",
+            "eth0": "the pod's egress (eth0)", "ifb-eth0": "the pod's ingress (ifb-eth0)"}.get(dev, dev)
+
+
 def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | None = None,
-         cross: list[dict] | None = None) -> str | None:
-    """samples/s, density, link rate (and estimate, and cross traffic) and accuracy over time; with ``queue``
-    (queue.csv's rows) the queueing delay of each shaped link too."""
+         cross: list[dict] | None = None, result: dict | None = None) -> str | None:
+    """samples/s, density (dense steps and probes marked), the link (its rate, the sensed bandwidth, the
+    training's and the cross traffic's rates) and accuracy (the target and the time to it, from ``result``) over
+    the training clock; with ``queue`` (queue.csv's rows) each shaped link's queueing delay too. Legends sit
+    beside the panels, never on a curve."""
     try:
         import matplotlib
 
@@ -79,20 +91,35 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     rows = read_timeline(timeline_csv)
     if not rows:
         return None
+    result = result or {}
     t = [r["time"] for r in rows]
     panels = 5 if queue else 4
-    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.25 * panels), sharex=True)
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 2.25 * panels), sharex=True)
+
+    def legend(ax) -> None:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+
     axes[0].plot(t, [r["samples_per_s"] for r in rows], lw=0.8)
     axes[0].set_ylabel("samples/s")
-    axes[1].plot(t, [r["density"] for r in rows], lw=0.8, color="tab:orange")
+    axes[1].plot(t, [r["density"] for r in rows], lw=0.8, color="tab:orange", label="density (fraction sent)")
+    for reason, marker in (("controller", "x"), ("warm-up", "s"), ("method", "")):
+        dense = [(r["time"], r["density"]) for r in rows if r.get("dense_reason") == reason]
+        if dense and marker:
+            axes[1].scatter(*zip(*dense, strict=True), marker=marker, s=14, color="black",
+                            label=f"dense step ({reason})", zorder=3)
+    probes = [(r["time"], r["density"]) for r in rows if r.get("probe")]
+    if probes:
+        axes[1].scatter(*zip(*probes, strict=True), marker="^", s=12, color="tab:green", label="probe", zorder=3)
     axes[1].set_ylabel("density")
     axes[1].set_yscale("log")
+    legend(axes[1])
     link = [(r["time"], r["link_rate_mbit"]) for r in rows if r["link_rate_mbit"] is not None]
     if link:
-        axes[2].plot(*zip(*link, strict=True), lw=1.2, label="link rate", color="black")
+        axes[2].plot(*zip(*link, strict=True), lw=1.2, label="link rate (the profile)", color="black")
     est = [(r["time"], r["est_btlbw_mbit"]) for r in rows if r["est_btlbw_mbit"]]
     if est:
-        axes[2].plot(*zip(*est, strict=True), lw=0.8, label="estimated BtlBw", color="tab:green")
+        axes[2].plot(*zip(*est, strict=True), lw=0.8, label="bandwidth the controller sensed (BtlBw)",
+                     color="tab:green")
     if queue or cross:  # who got the bandwidth: the training's own wire rate beside the cross traffic
         wire = [(b["time"], b["bytes"] * 8 / (b["time"] - a["time"]) / 1e6) for a, b in itertools.pairwise(rows)
                 if b["bytes"] is not None and b["time"] > a["time"]]
@@ -106,19 +133,31 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     axes[2].set_ylabel("Mbit/s")
     axes[2].set_ylim(bottom=0)  # an estimate reads against the link, not against its own wiggle
     if link or est or queue or cross:
-        axes[2].legend(loc="upper right", fontsize=8)
+        legend(axes[2])
     acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
     if acc:
-        axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red")
+        axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red", label="test accuracy")
+    target, tta = result.get("target_accuracy"), result.get("time_to_accuracy_s")
+    if target is not None:
+        axes[3].axhline(target, color="gray", lw=0.8, ls="--",
+                        label=f"target {target} (held {result.get('target_hold', 3)} evaluations)")
+        if tta is not None:
+            for ax in axes:
+                ax.axvline(tta, color="tab:red", lw=0.6, ls=":")
+            axes[3].plot([], [], color="tab:red", lw=0.6, ls=":", label=f"target reached: {tta:.2f} s")
+        else:
+            axes[3].plot([], [], " ", label="target not reached")
     axes[3].set_ylabel("accuracy")
+    if acc or target is not None:
+        legend(axes[3])
     if queue:
         for dev in sorted({r["dev"] for r in queue}):
             pts = [(float(r["t"]), float(r["queue_delay_ms"])) for r in queue
                    if r["dev"] == dev and r["queue_delay_ms"]]
             if pts:
-                axes[4].plot(*zip(*pts, strict=True), lw=0.6, label=dev)
+                axes[4].plot(*zip(*pts, strict=True), lw=0.6, label=_link_label(dev))
         axes[4].set_ylabel("queueing delay (ms)")
-        axes[4].legend(loc="upper right", fontsize=8)
+        legend(axes[4])
     axes[-1].set_xlabel("training time (s)")
     fig.suptitle(title)
     fig.tight_layout()

@@ -375,8 +375,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m support.node up | down | leftovers", file=sys.stderr)
         return 2
     if argv[0] == "down":
+        found = {k: len(v) for k, v in leftovers().items() if v}
         down()
-        return 0
+        left = {k: v for k, v in leftovers().items() if v}
+        said = ", ".join(f"{n} {k}" for k, n in found.items()) or "nothing (no node had run here)"
+        print(f"node down: swept {said}" + (f"; still there: {json.dumps(left)}" if left else ""))
+        return 1 if left else 0
     if argv[0] == "leftovers":
         left = {k: v for k, v in leftovers().items() if v}
         print(json.dumps(left, indent=1) if left else "nothing left behind")
@@ -389,6 +393,9 @@ def main(argv: list[str]) -> int:
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
+        left = {k: v for k, v in leftovers().items() if v}
+        print(f"node {NODE_NAME} torn down" + (f"; left behind (make node-down sweeps it): {json.dumps(left)}"
+                                                if left else ": nothing left behind"), flush=True)
         return 0
     except NodeError as e:
         print(f"node: {e}", file=sys.stderr)
