@@ -388,8 +388,9 @@ def main(argv: list[str]) -> int:
     _stop_on(signal.SIGINT, signal.SIGTERM)
     try:
         with LocalNode() as node:
-            print(f"node {NODE_NAME} is Ready\nexport KUBECONFIG={node.kubeconfig}   # Ctrl-C or SIGTERM tears it down",
-                  flush=True)
+            print(f"node {NODE_NAME} is Ready   (Ctrl-C or SIGTERM tears it down); in another terminal:\n"
+                  f"export KUBECONFIG={node.kubeconfig}\n"
+                  f"export PATH={node_binaries()}:$PATH   # its kubectl, of the server's version", flush=True)
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
