@@ -531,9 +531,8 @@ def test_the_status_shows_the_first_profile_step_until_training_starts():
     from netsense_operator.handlers import _network_status
     from netsense_operator.status import last_progress
 
-    from netsense.spec import parse_spec
-
     from netsense.shaping.profiles import build_profile
+    from netsense.spec import parse_spec
 
     job = parse_spec(quick_spec(network={"profile": {"type": "steps", "steps": [
         {"at": "0s", "rate": "1Gbit"}, {"at": "2s", "rate": "100Mbit"}]}}), "clock")
