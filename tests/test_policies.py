@@ -492,3 +492,25 @@ def test_dc2_never_goes_below_its_floor():
         _dc2_step(p, 1e6 / 8)
     assert p.density == 0.01 and not p.decide().dense
 
+
+
+def test_the_value_encoding_is_a_setting_every_sparse_method_honours():
+    """One wire format for all, so that a comparison is of the controllers, not of the bytes per value: fixed
+    TopK, dc2 and tta send fp16 or fp32 values as told, and tta's cost model prices what it sends."""
+    from netsense.control.policies import DelayDriven, FixedDensity
+
+    assert FixedDensity(0.01, fp16=True).decide().fp16 and not FixedDensity(0.01).decide().fp16
+    dc2 = DelayDriven(1_000_000, 2, fp16=True)
+    dc2.density = 0.01
+    assert dc2.decide() == Decision(density=0.01, dense=False, fp16=True)
+    for fp16 in (True, False):
+        assert tta(10_000_000, 2, fp16=fp16).first().fp16 is fp16
+        c = tta(10_000_000, 2, probe_every=1000, fp16=fp16)
+        c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
+        d = c.decide()
+        assert not d.dense and d.fp16 is fp16
+        per_element = (2 if fp16 else 4) + 4
+        assert d.density == pytest.approx(math.sqrt(0.003 * 0.2 / (10_000_000 * per_element / (20e6 / 8))), rel=1e-6)
+    fp32 = tta(1_000_000, 2, fp16=False)
+    fp32.update(StepMeasurement(8e6, 0, 0.002 + 8e6 / (1e10 / 8), 1.0, 1.0))  # a fast link: dense wins
+    assert fp32.decide() == Decision(), "with fp32 values tta never sends fp16 dense either"

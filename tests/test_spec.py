@@ -177,9 +177,12 @@ def test_a_setting_of_another_method_is_an_error_naming_the_field_and_its_method
 
 def test_each_method_gets_its_own_defaults():
     topk = parse_job(doc(compression={"method": "topk"})).compression
-    assert topk == {"method": "topk", "density": 0.1, "errorFeedback": True, "momentumCorrection": True,
-                    "momentumMasking": False, "warmupSteps": 0}
-    assert parse_job(doc(compression={"method": "netsense"})).compression["initialRatio"] == 0.01
+    assert topk == {"method": "topk", "density": 0.1, "values": "fp32", "errorFeedback": True,
+                    "momentumCorrection": True, "momentumMasking": False, "warmupSteps": 0}
+    netsense = parse_job(doc(compression={"method": "netsense"})).compression
+    assert netsense["initialRatio"] == 0.01
+    assert netsense["errorFeedback"] is False, "the paper's method is published without error feedback"
+    assert parse_job(doc(compression={"method": "tta"})).compression["values"] == "fp16"
 
 
 def test_momentum_masking_without_correction_is_refused_by_name():
@@ -212,7 +215,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
            "startIter": 10, "alpha": 0.5, "initialRatio": 0.01, "kneeDensity": 0.004, "probeEvery": 8}
     with pytest.warns(FutureWarning):
         job = parse_spec({"compression": old})
-    assert job.compression == {"method": "tta", "errorFeedback": True, "momentumCorrection": True,
+    assert job.compression == {"method": "tta", "values": "fp16", "errorFeedback": True, "momentumCorrection": True,
                                "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
                                "learnKnee": False,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,

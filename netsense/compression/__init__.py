@@ -83,16 +83,16 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
     policy = {
         "allreduce": lambda: None,
-        "topk": lambda: FixedDensity(c["density"]),
+        "topk": lambda: FixedDensity(c["density"], fp16=c["values"] == "fp16"),
         "powersgd": lambda: FixedLowRank(c["rank"]),
         "netsense": lambda: PaperAIMD(
             alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],
             quantize=c["quantize"], trq=c["trq"], trd=c["trd"], prune_factor=c["pruneFactor"]),
-        "dc2": lambda: DelayDriven(numel, world, target=c["delayTarget"], gain=c["gain"],
+        "dc2": lambda: DelayDriven(numel, world, target=c["delayTarget"], gain=c["gain"], fp16=c["values"] == "fp16",
                                    min_density=c["minDensity"]),
         "tta": lambda: TimeToAccuracyController(
-            numel, world, knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
+            numel, world, fp16=c["values"] == "fp16", knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
             probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"]),
     }[method]()

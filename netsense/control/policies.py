@@ -79,8 +79,8 @@ class Policy:
 class FixedDensity(Policy):
     """topk: always the same density."""
 
-    def __init__(self, density: float):
-        self.decision = Decision(density=density, dense=False)
+    def __init__(self, density: float, fp16: bool = False):
+        self.decision = Decision(density=density, dense=False, fp16=fp16)
 
     def update(self, m: StepMeasurement) -> None:
         pass
@@ -191,8 +191,9 @@ class DelayDriven(Policy):
     it) and sends the dense all-reduce while a sparse all_gather of d would carry more bytes.
     """
 
-    def __init__(self, numel: int, world: int, target: float = 1.0, gain: float = 0.5, min_density: float = 0.001):
-        self.numel, self.world = numel, world
+    def __init__(self, numel: int, world: int, target: float = 1.0, gain: float = 0.5, min_density: float = 0.001,
+                 fp16: bool = False):
+        self.numel, self.world, self.fp16 = numel, world, fp16
         self.target, self.gain, self.min_density = target, gain, min_density
         self.density = 1.0
         self.compute_s = 0.0
@@ -206,9 +207,9 @@ class DelayDriven(Policy):
 
     def decide(self) -> Decision:
         k = math.ceil(self.density * self.numel)
-        if sparse_allgather_bytes(k, self.world) >= dense_allreduce_bytes(self.numel, self.world):
+        if sparse_allgather_bytes(k, self.world, self.fp16) >= dense_allreduce_bytes(self.numel, self.world):
             return Decision()
-        return Decision(density=self.density, dense=False)
+        return Decision(density=self.density, dense=False, fp16=self.fp16)
 
     def estimates(self) -> dict:
         return {"delay_budget_s": self.target * self.compute_s}
@@ -259,12 +260,12 @@ class TimeToAccuracyController(Policy):
 
     Measured costs and a measured property of the task. A step at density d takes
 
-        T(d) = C + F + d * N * (s + w)      (TopK, fp16 values)
+        T(d) = C + F + d * N * (s + w)      (TopK; values fp16 by default, ``values``)
         T    = C + bytes / B                (dense allreduce, fp32 or fp16)
 
     C is the compute seconds of a step (its time less exposed communication and
-    selection); B the estimated bandwidth and w = (world-1) * 6 / B the wire
-    seconds per element sent sparse; F selection's fixed pass over the gradient
+    selection); B the estimated bandwidth and w = (world-1) * (v + 4) / B the wire
+    seconds per element sent sparse (v: 2 bytes a value in fp16, 4 in fp32); F selection's fixed pass over the gradient
     and s its per-element cost (both fitted online by SelectionCost: on CPUs
     packing an element costs a fifth to all of its wire time).
 
@@ -361,8 +362,9 @@ class TimeToAccuracyController(Policy):
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
 
     def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
-                 probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True):
+                 probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True):
         self.numel, self.world = numel, world
+        self.fp16 = fp16  # the values' encoding (values: fp16 | fp32), sparse and dense alike
         self.prior_knee, self.learn_knee = knee, learn_knee
         self.knee_updates = 0  # sparse updates whose progress was measured
         self._lost = self._kept = 0.0  # running sums of (dense - made) and made / d
@@ -410,7 +412,7 @@ class TimeToAccuracyController(Policy):
         return min(high, max(low, self._lost / self._kept))
 
     def _wire_per_element(self) -> float:
-        return (self.world - 1) * (VALUE_BYTES[True] + INDEX_BYTES) / self.sensor.bandwidth
+        return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
@@ -424,7 +426,7 @@ class TimeToAccuracyController(Policy):
             return self.compute_s + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
         k = d.density * self.numel
         step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
-                + sparse_allgather_bytes(math.ceil(k), self.world, fp16=True) / bw)
+                + sparse_allgather_bytes(math.ceil(k), self.world, fp16=self.fp16) / bw)
         return (1 + self.knee / d.density) * step
 
     def decide(self) -> Decision:
@@ -434,10 +436,10 @@ class TimeToAccuracyController(Policy):
         if self.sensor.bandwidth == 0 or self.compute_s == 0:
             return self.first()
         density = min(1.0, max(self.min_density, self.sparse_density()))
-        options = [Decision(), Decision(fp16=True)]
-        sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=True)
-        if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=True):
-            options.append(Decision(density=density, fp16=True, dense=False))
+        options = [Decision(), Decision(fp16=True)] if self.fp16 else [Decision()]
+        sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=self.fp16)
+        if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16):
+            options.append(Decision(density=density, fp16=self.fp16, dense=False))
         costs = [self.predicted_cost(o) for o in options]
         # Within the model's error of the cheapest: the kind chosen last (no flapping on noise), else
         # the least compression (the more faithful gradient; fp32 over fp16 when neither costs much).
@@ -456,15 +458,15 @@ class TimeToAccuracyController(Policy):
         app-limited, bandwidth; probes then double (BBR's startup) while the estimate keeps rising by more
         than a quarter. A dense first step would cost the whole model on the wire before anything is known:
         36 s for ResNet18 at 10 Mbit/s."""
-        per_element = sparse_allgather_bytes(1, self.world, fp16=True)
+        per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         k = max(1, math.ceil(self.FIRST_BYTES / per_element))
         density = min(1.0, max(self.min_density, k / self.numel))
         self.probing = True
-        if sparse_allgather_bytes(math.ceil(density * self.numel), self.world, True) >= dense_allreduce_bytes(
-                self.numel, self.world, fp16=True):
-            self.last = Decision(fp16=True)
+        if sparse_allgather_bytes(math.ceil(density * self.numel), self.world, self.fp16) >= dense_allreduce_bytes(
+                self.numel, self.world, fp16=self.fp16):
+            self.last = Decision(fp16=self.fp16)
         else:
-            self.last = Decision(density=density, fp16=True, dense=False)
+            self.last = Decision(density=density, fp16=self.fp16, dense=False)
         return self.last
 
     def probe_spacing(self) -> int:
@@ -477,11 +479,11 @@ class TimeToAccuracyController(Policy):
     def probe(self, density: float) -> Decision:
         """A step whose payload measures the link: ``probe_gain`` x the density, or more if that is too small
         to tell the link from the collectives' fixed time; dense fp16 where a sparse probe would carry more."""
-        per_element = sparse_allgather_bytes(1, self.world, fp16=True)
+        per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         d = self.probe_scale * max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
-        if d * self.numel * per_element >= dense_allreduce_bytes(self.numel, self.world, fp16=True):
-            return Decision(fp16=True)
-        return Decision(density=d, fp16=True, dense=False)
+        if d * self.numel * per_element >= dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16):
+            return Decision(fp16=self.fp16)
+        return Decision(density=d, fp16=self.fp16, dense=False)
 
     def estimates(self) -> dict:
         return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt, "est_knee": self.knee}

@@ -193,6 +193,11 @@ _MOMENTUM_MASKING = F(Bool(doc="with momentumCorrection, forget the momentum of 
                            "momentum factor masking): less momentum where the gradient is largest, so it changes "
                            "the optimizer too"), default=False)
 _WINDOW = F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10)
+def _values(default: str) -> F:
+    return F(Str(enum=("fp32", "fp16"), doc="how a sparse step's values travel: fp32 (4 bytes) or fp16 (2), each "
+                 "with a 4-byte index; compare methods at the same encoding"), default=default)
+
+
 _MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
 
 COMPRESSION = Union("method", {
@@ -207,13 +212,16 @@ COMPRESSION = Union("method", {
     }, doc="PowerSGD (Vogels et al. 2019), one power iteration a step with warm start, in our hook"),
     "topk": Obj({
         "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
+        "values": _values("fp32"),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,
         "warmupSteps": _WARMUP,
     }, checks=[_check_momentum], doc="TopK at a fixed density"),
     "netsense": Obj({
-        "errorFeedback": _ERROR_FEEDBACK,
+        # The paper's method is published without error feedback: that is what `netsense` runs unless asked.
+        "errorFeedback": F(Bool(doc="keep what is not sent and add it to the next step's gradient (not the "
+                                    "paper's: an ablation)"), default=False),
         "warmupSteps": _WARMUP,
         "alpha": F(Float(min=0, max=1, exclusive_min=True, doc="multiplicative decrease"), default=0.5),
         "beta": F(Float(min=0, exclusive_min=True, doc="additive increase"), default=0.01),
@@ -231,6 +239,7 @@ COMPRESSION = Union("method", {
         "pruneFactor": F(Float(min=0, max=1, doc="prune at pruneFactor*(1-ratio)"), default=0.5),
     }, checks=[_check_netsense], doc="the paper's NetSenseML: AIMD of the payload ratio against the sensed BDP"),
     "dc2": Obj({
+        "values": _values("fp32"),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,
@@ -244,6 +253,7 @@ COMPRESSION = Union("method", {
     }, checks=[_check_momentum], doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
            "near delayTarget x the compute time"),
     "tta": Obj({
+        "values": _values("fp16"),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,

@@ -304,6 +304,16 @@ class Trainer:
              rate_mbit=last["link_rate_mbit"], accuracy=s.final_accuracy, time=round(s.train_time, 2),
              profile_epoch=self.profile_epoch)
 
+    def _value_encoding(self) -> str:
+        """How the method's values travel: fp32 or fp16 (``values``), or the paper's gate (fp16 when the ratio is
+        below trq)."""
+        c = self.job.compression
+        if "values" in c:
+            return c["values"]
+        if c["method"] == "netsense":
+            return "fp16 below trq, else fp32" if c["quantize"] else "fp32"
+        return "fp16" if c["method"] == "fp16" else "fp32"
+
     def _result(self, samples_per_step: int, wall: float) -> dict:
         s = self.state
         hist = self.hook.history
@@ -313,6 +323,11 @@ class Trainer:
         link = None
         if self.profile is not None and self.profile_epoch is not None:
             link = self.profile.mean_rate(0.0, s.train_time) / 1e6
+        rates = sorted(r["link_rate_mbit"] for r in self.timeline.rows if r.get("link_rate_mbit") is not None)
+        # TopK's sparse steps: the bytes each element sent cost on the wire (value + index, per peer), so that
+        # methods are compared at the same encoding
+        topk = [h for h in hist if not h["dense"] and not h.get("rank") and h["elements_sent"]]
+        sent = sum(h["elements_sent"] for h in topk) * (self.world - 1)
         return {
             "job": self.job.name,
             "method": self.job.compression["method"],
@@ -347,6 +362,12 @@ class Trainer:
             "comm_seconds": round(comm, 3),
             "selection_ms_mean": round(1e3 * sum(h["selection_seconds"] for h in hist) / max(1, len(hist)), 3),
             "link_mean_rate_mbit": None if link is None else round(link, 3),
+            # the rates the steps trained under (a fluctuating link that barely moved before the target says so)
+            "link_rate_mbit_min": rates[0] if rates else None,
+            "link_rate_mbit_median": rates[len(rates) // 2] if rates else None,
+            "link_rate_mbit_max": rates[-1] if rates else None,
+            "value_encoding": self._value_encoding(),
+            "wire_bytes_per_element": round(sum(h["wire_bytes"] for h in topk) / sent, 3) if sent else None,
             "backend": self.backend,
             "device": str(self.device),
             # on CUDA the collectives' times are CUDA events on the stream (a completion callback there means
