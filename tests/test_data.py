@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from netsense.train.data import load_dataset
@@ -38,3 +39,33 @@ def test_digits_are_scikit_learns_images_read_without_importing_it():
 
 def _pairs(x: torch.Tensor, y: torch.Tensor) -> list:
     return sorted(zip(x.flatten(1).tolist(), y.tolist(), strict=True))
+
+
+def test_mnist1d_is_the_published_set_made_here_and_its_models_fit():
+    """MNIST-1D as its package makes it (4,000 training and 1,000 test signals of 40 points, ten classes,
+    balanced), the same on every call (its own seed), without touching the process's random generators; the
+    reference CNN (25 channels at hiddenSize 400) and the MLP take it, the image models are refused by name."""
+    import random
+
+    import numpy as np
+
+    from netsense.spec import SpecError, parse_spec
+    from netsense.train.data import load_dataset
+    from netsense.train.models import build_model
+
+    random.seed(7)
+    np.random.seed(7)
+    before = (random.random(), np.random.rand())
+    random.seed(7)
+    np.random.seed(7)
+    d = load_dataset({"dataset": "mnist1d", "mnist1dSamples": 5000, "seed": 3})
+    assert (random.random(), np.random.rand()) == before, "loading the dataset moved the global generators"
+    assert d.train_x.shape == (4000, 1, 40) and d.test_x.shape == (1000, 1, 40) and d.classes == 10
+    assert torch.bincount(torch.cat([d.train_y, d.test_y])).tolist() == [500] * 10
+    again = load_dataset({"dataset": "mnist1d", "mnist1dSamples": 5000, "seed": 0})
+    assert torch.equal(d.train_x, again.train_x) and torch.equal(d.test_y, again.test_y)
+    cnn = build_model("cnn1d", d.input_shape, 10, 400)
+    assert cnn[0][0].out_channels == 25 and cnn(d.train_x[:4]).shape == (4, 10)
+    assert build_model("mlp", d.input_shape, 10, 100)(d.train_x[:4]).shape == (4, 10)
+    with pytest.raises(SpecError, match="spec.training.model: mnist1d's 1-D signals take model mlp or cnn1d"):
+        parse_spec({"training": {"model": "cnn", "dataset": "mnist1d"}})

@@ -41,8 +41,9 @@ PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"
 
-MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn")
-DATASETS = ("cifar10", "cifar100", "digits", "digits32", "synthetic")
+MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d")
+DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
+SIGNAL_MODELS = ("mlp", "cnn1d")  # what takes MNIST-1D's 1-D signals (the others take images)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -135,6 +136,11 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
         t["epochs"] = 1
     if "maxSeconds" in t and units.parse_duration(t["maxSeconds"]) <= 0:
         errors.add(f"{path}.maxSeconds", "must be longer than 0s")
+    model, dataset = t.get("model"), t.get("dataset")
+    if dataset == "mnist1d" and model not in SIGNAL_MODELS:
+        errors.add(f"{path}.model", f"mnist1d's 1-D signals take model {' or '.join(SIGNAL_MODELS)} (got {model})")
+    elif model == "cnn1d" and dataset != "mnist1d":
+        errors.add(f"{path}.model", f"cnn1d takes 1-D signals: use it with dataset mnist1d (got {dataset})")
     if t.get("backend") == "nccl" and t.get("device") == "cpu":
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
@@ -180,6 +186,8 @@ TRAINING = Obj({
                     "one GPU among ranks (NCCL refuses two ranks on one device)"), default="auto"),
     "hiddenSize": F(Int(min=1, doc="width of the mlp/cnn models"), default=512),
     "syntheticSamples": F(Int(min=1), default=4096),
+    "mnist1dSamples": F(Int(min=100, doc="MNIST-1D samples made (80% train); 5000: the published set"),
+                        default=5000),
     "syntheticClasses": F(Int(min=2), default=10),
 }, checks=[_check_training])
 

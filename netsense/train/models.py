@@ -59,8 +59,22 @@ def cnn(in_channels: int, classes: int, hidden: int) -> nn.Module:
         nn.Flatten(), nn.Linear(width * 2 * 16, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
 
+def cnn1d(in_channels: int, length: int, classes: int, hidden: int) -> nn.Module:
+    """MNIST-1D's reference CNN (Greydanus and Kobak): three strided 1-D convolutions and a linear head, with
+    hidden // 16 channels (hiddenSize 400: the paper's 25; wider for a heavier gradient)."""
+    width = max(4, hidden // 16)
+    body = nn.Sequential(nn.Conv1d(in_channels, width, 5, stride=2, padding=1), nn.ReLU(),
+                         nn.Conv1d(width, width, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Conv1d(width, width, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        features = body(torch.zeros(1, in_channels, length)).shape[1]
+    return nn.Sequential(body, nn.Linear(features, classes))
+
+
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, hidden: int = 512) -> nn.Module:
     channels = input_shape[0]
+    if name == "cnn1d":
+        return cnn1d(channels, input_shape[-1], classes, hidden)
     if name in ("resnet18", "resnet18-cifar"):
         return resnet18(channels, classes, cifar_stem=name == "resnet18-cifar")
     if name == "vgg16":
