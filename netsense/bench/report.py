@@ -14,12 +14,16 @@ def fmt(v, digits=2) -> str:
     return str(v)
 
 
+def interval(ratio: float, lo: float | None, hi: float | None) -> str:
+    """'0.91 [0.85, 0.97]', or '0.91 (no interval below 5 seeds)'."""
+    return f"{ratio:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None else f"{ratio:.2f} (no interval: < 5 seeds)"
+
+
 def paired(row: dict) -> str:
     """'0.91 [0.85, 0.97] vs topk-0.01 (n=10)', or '-' without common seeds."""
     if row.get("paired_ratio") is None:
         return "-"
-    return (f"{row['paired_ratio']:.2f} [{row['ratio_lo']:.2f}, {row['ratio_hi']:.2f}] vs {row['vs']} "
-            f"(n={row['pairs']})")
+    return f"{interval(row['paired_ratio'], row['ratio_lo'], row['ratio_hi'])} vs {row['vs']} (n={row['pairs']})"
 
 
 def _families(grid: dict) -> str:
@@ -43,7 +47,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "reason; they count as not reached, and the other columns are means over the runs that finished). "
              "Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
              "common seeds of TTA / the best other method's TTA (named; a method's own variants are not "
-             f"its peers: {_families(grid)}), with its bootstrap 95% interval: a "
+             f"its peers: {_families(grid)}), with its 95% t interval on the log ratios (from 5 seeds): a "
              "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
              "fastest of all. x allreduce = samples/s over allreduce's on the same link "
              "(the paper's headline measure). Steps = training steps to the "
@@ -93,15 +97,18 @@ def _sensitivity(varied: list[dict]) -> list[str]:
     """One constant at a time: each variant's time to the target over the method's own, same seeds."""
     lines = ["## Sensitivity", "",
              "One constant changed at a time, everything else at the method's settings. Ratio = the geometric "
-             "mean over common seeds of the variant's TTA / the method's own TTA, with its bootstrap 95% "
-             "interval (above 1: slower); reached = seeds that reached the target within the budget (a seed "
-             "either never reached is censored and not in the ratio).", "",
-             "| scenario | method | constant | value | TTA ratio [95% CI] | n | reached | method reached "
+             "mean over common seeds of the variant's TTA / the method's own TTA, with its 95% t interval on the "
+             "log ratios (from 5 seeds; above 1: slower); Holm = still significant at 5% when every row of this "
+             "table is counted (Holm's correction): an interval that excludes 1 on its own is one comparison of "
+             "many; reached = seeds that reached the target within the budget (a seed either never reached is "
+             "censored and not in the ratio).", "",
+             "| scenario | method | constant | value | TTA ratio [95% CI] | Holm | n | reached | method reached "
              "| TTA s | method TTA s |",
-             "| --- | --- | --- | ---: | ---: | ---: | :---: | :---: | ---: | ---: |"]
+             "| --- | --- | --- | ---: | ---: | :---: | ---: | :---: | :---: | ---: | ---: |"]
     for v in sorted(varied, key=lambda v: (v["scenario"], v["method"], v["constant"], str(v["value"]))):
-        ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f} [{v['ratio_lo']:.2f}, {v['ratio_hi']:.2f}]"
-        lines.append(f"| {v['scenario']} | {v['method']} | {v['constant']} | {v['value']} | {ratio} | "
+        ratio = "-" if v["ratio"] is None else interval(v["ratio"], v["ratio_lo"], v["ratio_hi"])
+        holm = {True: "yes", False: "no", None: "-"}[v.get("holm")]
+        lines.append(f"| {v['scenario']} | {v['method']} | {v['constant']} | {v['value']} | {ratio} | {holm} | "
                      f"{v['pairs']} | {v['reached']} | {v['method_reached']} | {fmt(v['tta_mean_s'])} | "
                      f"{fmt(v['method_tta_mean_s'])} |")
     return lines + [""]
@@ -127,6 +134,9 @@ def sensitivity_plot(out_dir: str, varied: list[dict]) -> list[str]:
             v = next((x for x in varied if x["scenario"] == scenario and x["variant"] == name), None)
             if v is None or v["ratio"] is None:
                 ax.text(1, y, "x", ha="center", va="center", color="red")
+                continue
+            if v["ratio_lo"] is None:  # too few seeds for an interval: the point alone
+                ax.plot(v["ratio"], y, "o", ms=3, color="tab:gray")
                 continue
             ax.errorbar(v["ratio"], y, xerr=[[v["ratio"] - v["ratio_lo"]], [v["ratio_hi"] - v["ratio"]]],
                         fmt="o", ms=3, color="tab:blue", capsize=2)

@@ -1,13 +1,12 @@
 """Results -> one row per method and scenario: means and spreads over seeds, regret, the paired comparison
-with the best other method (same seeds, bootstrap interval, wins), and what the method did to the
-bottleneck (queueing delay, drops, the cross traffic's goodput)."""
+with the best other method (same seeds, a t interval on the log ratios from 5 pairs, wins), what the method
+did to the bottleneck (queueing delay, drops, the cross traffic's goodput), and every seed's record."""
 
 from __future__ import annotations
 
 import csv
 import math
 import os
-import random
 import statistics
 
 from netsense.bench.grid import sensitivity_groups
@@ -94,6 +93,20 @@ def cross_goodput(result: dict) -> float | None:
     return sum(f["mean_mbit_when_on"] for f in flows.values()) if flows else None
 
 
+SEED_KEYS = ("status", "time_to_accuracy_s", "steps", "bytes_sent_per_worker", "mean_density", "best_accuracy",
+             "final_accuracy", "throughput_samples_per_s", "value_encoding", "wire_bytes_per_element",
+             "link_rate_mbit_min", "link_rate_mbit_median", "link_rate_mbit_max", "reason")
+
+
+def seed_record(result: dict) -> dict:
+    """What a table keeps of one run, so that every number it and the README quote can be recomputed from the
+    committed table alone (the runs' own directories are not kept): its time, steps, bytes, density, accuracy,
+    the rates it trained under, its encoding."""
+    return {"seed": result.get("seed", 0), "steps_to_target": steps_to_target(result),
+            "accuracy_curve": result.get("accuracy_curve"),
+            **{k: result.get(k) for k in SEED_KEYS if result.get(k) is not None}}
+
+
 def summarize(results: list[dict], family: dict[str, str] | None = None) -> list[dict]:
     """One row per (scenario, method): means and spreads over seeds, regret, and the paired comparison with
     the best method outside the row's family (``family``: label -> family, netsense.bench.grid.families)."""
@@ -127,6 +140,7 @@ def summarize(results: list[dict], family: dict[str, str] | None = None) -> list
             "failed": len(row["runs"]) - len(runs),
             "failures": [{"seed": r.get("seed"), "reason": r.get("reason") or r.get("status") or "no result"}
                          for r in row["runs"] if r.get("status") != "Succeeded"],
+            "per_seed": [seed_record(r) for r in sorted(row["runs"], key=lambda r: r.get("seed", 0))],
         })
     for scenario in {r["scenario"] for r in out}:
         in_scenario = [r for r in out if r["scenario"] == scenario]
@@ -137,22 +151,43 @@ def summarize(results: list[dict], family: dict[str, str] | None = None) -> list
     return sorted(out, key=lambda r: (r["scenario"], r["regret"]))
 
 
-BOOTSTRAP_RESAMPLES = 4000
+MIN_PAIRS_FOR_INTERVAL = 5  # below this many paired seeds no interval is printed: it would not cover
 
 
 def _gmean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def bootstrap_interval(ratios: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the geometric mean of paired ratios (seeds resampled with
-    replacement; a fixed generator, so a table is reproducible from its results)."""
-    rng = random.Random(seed)
+def t_interval(ratios: list[float], level: float = 0.95) -> tuple[float | None, float | None, float | None]:
+    """(low, high, two-sided p of "the geometric mean is 1") of paired ratios: Student's t on the log ratios
+    (the seeds' ratios are what varies; a t interval covers at n = 10 where a percentile bootstrap under-covers),
+    back-transformed. None below MIN_PAIRS_FOR_INTERVAL pairs."""
     n = len(ratios)
-    means = sorted(_gmean([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    tail = (1 - level) / 2
-    return means[int(tail * (resamples - 1))], means[int((1 - tail) * (resamples - 1))]
+    if n < MIN_PAIRS_FOR_INTERVAL:
+        return None, None, None
+    from scipy import stats as st  # here only: a bench's summary, not a run's start-up
+
+    logs = [math.log(r) for r in ratios]
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    se = sd / math.sqrt(n)
+    if se == 0:
+        return math.exp(mean), math.exp(mean), 0.0 if mean else 1.0
+    q = float(st.t.ppf(0.5 + level / 2, n - 1))
+    p = float(2 * st.t.sf(abs(mean) / se, n - 1))
+    return math.exp(mean - q * se), math.exp(mean + q * se), p
+
+
+def holm(p_values: list[float | None]) -> list[bool | None]:
+    """Holm's step-down correction at 5%: which of the comparisons stay significant when all of them are
+    counted (None where there is no p)."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    out: list[bool | None] = [None if p is None else False for p in p_values]
+    m = len(indexed)
+    for rank, (p, i) in enumerate(indexed):
+        if p > 0.05 / (m - rank):
+            break
+        out[i] = True
+    return out
 
 
 def paired_against_best_other(results: list[dict], rows: list[dict],
@@ -190,14 +225,19 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
 
 def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
                  ) -> tuple[float | None, float | None, float | None, int]:
-    """(geometric mean, bootstrap 95% interval low and high, pairs) of mine / theirs over the seeds both
-    have a time for; (None, None, None, 0) without one. A seed either did not reach (None) is left out."""
-    ratios = [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys())
-              if mine[s] is not None and theirs[s] is not None and mine[s] > 0 < theirs[s]]
+    """(geometric mean, 95% t interval low and high (None below 5 pairs), pairs) of mine / theirs over the
+    seeds both have a time for; (None, None, None, 0) without one. A seed either did not reach (None) is left
+    out."""
+    ratios = _ratios(mine, theirs)
     if not ratios:
         return None, None, None, 0
-    lo, hi = bootstrap_interval(ratios)
+    lo, hi, _ = t_interval(ratios)
     return _gmean(ratios), lo, hi, len(ratios)
+
+
+def _ratios(mine: dict[int, float | None], theirs: dict[int, float | None]) -> list[float]:
+    return [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys())
+            if mine[s] is not None and theirs[s] is not None and mine[s] > 0 < theirs[s]]
 
 
 def at_targets(results: list[dict], rows: list[dict], targets: list[float], epochs: float | None,
@@ -244,11 +284,14 @@ def sensitivity(results: list[dict], grid: dict) -> list[dict]:
             rows.append({
                 "scenario": scenario, "method": method, "constant": constant, "value": value, "variant": variant,
                 "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "pairs": pairs,
+                "p": t_interval(_ratios(mine, base))[2],
                 "reached": f"{sum(1 for t in mine.values() if t)}/{len(mine)}",
                 "method_reached": f"{sum(1 for t in base.values() if t)}/{len(base)}",
                 "tta_mean_s": _mean([t for t in mine.values() if t]),
                 "method_tta_mean_s": _mean([t for t in base.values() if t]),
             })
+    for row, kept in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        row["holm"] = kept  # significant with every row of the table counted (Holm, 5%)
     return rows
 
 
