@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import os
+import statistics
 import threading
 import time
 

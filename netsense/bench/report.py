@@ -190,22 +190,30 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
     made = []
     scenarios = sorted({r["scenario"] for r in rows})
     methods = sorted({r["method"] for r in rows})
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(3.2 * len(scenarios), 3.6), squeeze=False)
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    # Time to accuracy: every seed a point, the mean a bar; a method's paired ratio and interval beside it.
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(6.0 * len(scenarios), 0.38 * len(methods) + 1.6),
+                             squeeze=False, sharey=True)
     for ax, scenario in zip(axes[0], scenarios, strict=True):
-        vals = [next((r["tta_mean_s"] for r in rows if r["scenario"] == scenario and r["method"] == m), None)
-                for m in methods]
-        ax.bar(range(len(methods)), [v if v is not None else 0 for v in vals], color="tab:blue")
-        for i, v in enumerate(vals):
-            if v is None:
-                ax.text(i, 0, "x", ha="center", color="red")
-        ax.set_xticks(range(len(methods)), methods, rotation=60, fontsize=7)
+        for y, m in enumerate(methods):
+            row = next((r for r in rows if r["scenario"] == scenario and r["method"] == m), None)
+            if row is None:
+                continue
+            ttas = [s["time_to_accuracy_s"] for s in row.get("per_seed", []) if s.get("time_to_accuracy_s")]
+            ax.scatter(ttas, [y] * len(ttas), s=10, color=colors[m], alpha=0.7)
+            if row["tta_mean_s"] is not None:
+                ax.plot([row["tta_mean_s"]] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
+            ax.text(1.01, y, paired(row).split(" (n=")[0] if row.get("paired_ratio") else
+                    f"reached {row['reached']}", transform=ax.get_yaxis_transform(), fontsize=6, va="center")
+        ax.set_yticks(range(len(methods)), methods, fontsize=7)
+        ax.set_xlabel("time to accuracy (s): seeds, and their mean", fontsize=8)
         ax.set_title(scenario, fontsize=9)
-    axes[0][0].set_ylabel("time to accuracy (s)")
     fig.tight_layout()
     path = os.path.join(out_dir, "tta.png")
     fig.savefig(path, dpi=90)
     plt.close(fig)
     made.append(path)
+    made += accuracy_plot(out_dir, rows, results, scenarios, methods, colors)
     # Density against link rate over time, first seed of each method, per scenario.
     fig, axes = plt.subplots(len(scenarios), 1, figsize=(8, 2.4 * len(scenarios)), squeeze=False)
     for ax, scenario in zip(axes[:, 0], scenarios, strict=True):
@@ -233,3 +241,42 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
     plt.close(fig)
     made.append(path)
     return made
+
+
+def accuracy_plot(out_dir: str, rows: list[dict], results: list[dict], scenarios: list[str], methods: list[str],
+                  colors: dict[str, str]) -> list[str]:
+    """Accuracy against training time, per method: the mean over seeds and the band from the lowest to the
+    highest seed (each seed's accuracy holds from one evaluation to the next), the target as a line."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(4.6 * len(scenarios), 3.4), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios, strict=True):
+        curves = [r for r in results if r["scenario"] == scenario and r.get("accuracy_curve")]
+        if not curves:
+            continue
+        end = max(c[1] for r in curves for c in r["accuracy_curve"])
+        grid = [end * i / 200 for i in range(201)]
+        for m in methods:
+            seeds = [r["accuracy_curve"] for r in curves if r["method_label"] == m]
+            if not seeds:
+                continue
+            held = [[next((a for _, t, a in reversed(curve) if t <= x), None) for x in grid] for curve in seeds]
+            at = [(x, [h[i] for h in held if h[i] is not None]) for i, x in enumerate(grid)]
+            at = [(x, v) for x, v in at if len(v) == len(seeds)]  # where every seed has been evaluated
+            if not at:
+                continue
+            xs = [x for x, _ in at]
+            ax.plot(xs, [sum(v) / len(v) for _, v in at], color=colors[m], lw=1, label=m)
+            ax.fill_between(xs, [min(v) for _, v in at], [max(v) for _, v in at], color=colors[m], alpha=0.15)
+        target = next((r.get("target_accuracy") for r in curves if r.get("target_accuracy")), None)
+        if target:
+            ax.axhline(target, color="gray", ls="--", lw=0.8)
+        ax.set_title(scenario, fontsize=9)
+        ax.set_xlabel("training time (s)", fontsize=8)
+    axes[0][0].set_ylabel("test accuracy (mean, band: all seeds)")
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "accuracy.png")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]
