@@ -274,7 +274,8 @@ def accuracy_plot(out_dir: str, rows: list[dict], results: list[dict], scenarios
         ax.set_title(scenario, fontsize=9)
         ax.set_xlabel("training time (s)", fontsize=8)
     axes[0][0].set_ylabel("test accuracy (mean, band: all seeds)")
-    axes[0][-1].legend(fontsize=6, loc="lower right")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     path = os.path.join(out_dir, "accuracy.png")
     fig.savefig(path, dpi=90)
