@@ -100,18 +100,21 @@ def test_gpu_samples_build_pods_that_reach_their_data_and_their_gpu(sample):
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
 
 
-@pytest.mark.parametrize("overlay, operator, shaper", [
-    ("manifests/base", "netsense/operator:{v}", "netsense/shaper:{v}"),
-    ("manifests/overlays/local", "netsense/operator:dev", "netsense/shaper:dev"),
-    ("manifests/overlays/gpu", "registry.example.com/netsense/operator:{v}", "registry.example.com/netsense/shaper:{v}"),
+@pytest.mark.parametrize("overlay, operator, shaper, worker", [
+    ("manifests/base", "netsense/operator:{v}", "netsense/shaper:{v}", "/worker"),
+    ("manifests/overlays/local", "netsense/operator:dev", "netsense/shaper:dev", "/worker"),
+    ("manifests/overlays/gpu", "registry.example.com/netsense/operator:{v}", "registry.example.com/netsense/shaper:{v}",
+     "/worker-cuda"),
 ])
-def test_overlays_set_the_operator_and_shaper_images(kubectl, overlay, operator, shaper):
+def test_overlays_set_the_operator_shaper_and_worker_images(kubectl, overlay, operator, shaper, worker):
     with open(os.path.join(REPO, "pyproject.toml")) as fh:
         version = re.search(r'^version = "(.+)"', fh.read(), re.M).group(1)
     container = one(render(kubectl, overlay), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == operator.format(v=version)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NETSENSE_SHAPER_IMAGE"] == shaper.format(v=version)
+    # the trainer's image of a job that names none: this install's worker (not a CRD default no registry serves)
+    assert env["NETSENSE_WORKER_IMAGE"] == shaper.format(v=version).replace("/shaper", worker)
     # The operator's own defaults carry the same version as what is installed.
     assert res.SHAPER_IMAGE == f"netsense/shaper:{version}" and DEFAULT_IMAGE == f"netsense/worker:{version}"
 
@@ -121,8 +124,13 @@ def test_shaped_pods_run_the_shaper_image_the_operator_is_given():
     pod = res.worker_pod(job, "default", "uid-1", 0, 0, "registry.example.com/netsense/shaper@sha256:" + "0" * 64)
     shaper = pod["spec"]["initContainers"][0]
     assert shaper["name"] == "shaper" and shaper["image"].endswith("@sha256:" + "0" * 64)
-    assert pod["spec"]["containers"][0]["image"] == job.spec["image"]
+    assert pod["spec"]["containers"][0]["image"] == DEFAULT_IMAGE  # the job names none
     validate(pod)
+    named = res.worker_pod(load_job(os.path.join(REPO, "manifests", "samples", "quick-local.yaml")), "d", "u", 0, 0,
+                           worker_image="registry.example.com/netsense/worker:9")
+    assert named["spec"]["containers"][0]["image"] == "netsense/worker:dev"  # the job's own wins
+    unnamed = res.worker_pod(job, "d", "u", 0, 0, worker_image="registry.example.com/netsense/worker:9")
+    assert unnamed["spec"]["containers"][0]["image"] == "registry.example.com/netsense/worker:9"
 
 
 def test_operator_built_pods_validate():

@@ -3,6 +3,7 @@ no-communication ceiling the cells are compared with."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -23,8 +24,14 @@ def run_local(cell: Cell, out_dir: str, plot: bool = False) -> dict:
         return {"status": "Failed", "reason": str(e)}
 
 
-def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0) -> dict:
-    """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result."""
+PENDING_TIMEOUT_S = 600  # a cell whose pods cannot start fails with their reason instead of waiting
+
+
+def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0,
+                pending_timeout_s: int = PENDING_TIMEOUT_S) -> dict:
+    """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result. A gang not all
+    running ``pending_timeout_s`` after its pods were created (an image no node has, no room) fails the cell
+    with the pods' own reason (the job's runPolicy.pendingTimeoutSeconds, unless the grid sets one)."""
     from kubernetes import client
 
     from netsense.keys import snake_keys
@@ -39,7 +46,9 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
     except client.ApiException as e:
         if e.status != 404:
             raise
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, cell.job)
+    body = copy.deepcopy(cell.job)
+    body["spec"].setdefault("runPolicy", {}).setdefault("pendingTimeoutSeconds", pending_timeout_s)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)

@@ -39,7 +39,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "NetSenseJob"
 PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
-DEFAULT_IMAGE = "netsense/worker:0.1.0"
+DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install names the real one
 
 MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
@@ -343,7 +343,8 @@ SPEC = Obj({
     "suspend": F(Bool(doc="cluster: true creates no pods (and deletes a running gang: phase Suspended), so a "
                           "queue such as Kueue can admit the whole job at once; false again starts a new gang. The "
                           "one field a started job may change"), default=False),
-    "image": F(Str(), default=DEFAULT_IMAGE),
+    "image": F(Str(doc="the trainer's image; default: the one the operator was installed with "
+                      "(NETSENSE_WORKER_IMAGE: the local overlay's built image, the gpu overlay's registry)")),
     "imagePullPolicy": F(Str(enum=("Always", "IfNotPresent", "Never")), default="IfNotPresent"),
     "resources": F(podtemplate.RESOURCES),
     "podTemplate": F(podtemplate.POD_TEMPLATE),

@@ -42,6 +42,9 @@ from netsense_operator.metrics import METRICS
 RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
 # The shaping sidecar's image, chosen by whoever installs the operator (a digest pins it), not by each job.
 SHAPER_IMAGE = os.environ.get("NETSENSE_SHAPER_IMAGE") or res.SHAPER_IMAGE
+# The trainer's image of a job that names none, chosen by the install too (a CRD default no registry serves left
+# such jobs' pods in ImagePullBackOff).
+WORKER_IMAGE = os.environ.get("NETSENSE_WORKER_IMAGE") or res.DEFAULT_IMAGE
 
 _core: client.CoreV1Api | None = None
 _custom: client.CustomObjectsApi | None = None
@@ -217,7 +220,7 @@ def _create_shared(job: Job, namespace: str, uid: str) -> None:
 
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
     for rank in range(job.workers) if ranks is None else ranks:
-        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE), namespace, uid)
+        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE), namespace, uid)
 
 
 def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:

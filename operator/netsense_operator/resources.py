@@ -32,6 +32,7 @@ from netsense.gang import (
     worker_env,
 )
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
+from netsense.spec.job import DEFAULT_IMAGE
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
 
@@ -155,7 +156,10 @@ def _shaper(job: Job, image: str) -> dict:
     }
 
 
-def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE) -> dict:
+def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE,
+               worker_image: str = DEFAULT_IMAGE) -> dict:
+    """Rank ``rank``'s pod of ``attempt``; the trainer runs the job's image, else ``worker_image`` (the
+    operator's configured default)."""
     net = job.network
     shaped = bool(net.get("profile"))
     extra = {RESULT_PATH_ENV: "/dev/termination-log",
@@ -166,7 +170,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
                      net["interface"] if shaped else None, extra)
     trainer = {
         "name": TRAINER,
-        "image": job.spec["image"],
+        "image": job.spec.get("image") or worker_image,
         "imagePullPolicy": job.spec["imagePullPolicy"],
         "command": ["netsense", "worker"],
         "env": [{"name": k, "value": v} for k, v in env.items()],
