@@ -551,3 +551,13 @@ def test_intervals_are_t_intervals_on_log_ratios_from_five_pairs_and_many_compar
     # Holm: 0.01 survives among 3 (0.01 <= 0.05/3), 0.04 alone would, but not second of 3 (0.04 > 0.025)
     assert holm([0.01, 0.04, 0.3, None]) == [True, False, False, None]
     assert holm([0.001, 0.02, 0.03]) == [True, True, True]
+
+
+def test_the_table_marks_the_hindsight_best_fixed_density():
+    from netsense.bench.report import markdown
+
+    results = [_r(m, "s", seed, t) for m, t in (("topk-0.01", 3.0), ("topk-0.03", 2.0), ("tta", 2.5))
+               for seed in range(5)]
+    md = markdown("t", summarize(results), {"base": {"training": {}}})
+    assert "| topk-0.03 (best fixed) |" in md and "| topk-0.01 |" in md and "(best fixed)" not in md.split(
+        "| tta |")[1].split("\n")[0]
