@@ -304,3 +304,19 @@ def test_the_operators_account_may_create_only_a_jobs_unprivileged_pods(kube, ns
     with pytest.raises(client.ApiException) as e:
         as_operator.create_namespaced_service(ns, lb, dry_run="All")
     assert "headless rendezvous" in json.loads(e.value.body)["message"]
+
+
+def test_ranks_spread_over_nodes_by_default_and_a_template_can_require_it():
+    """One rank a node where the cluster has the nodes (preferred: a one-node cluster still runs the job); a
+    job's podTemplate replaces the anti-affinity, e.g. to require it."""
+    from netsense_operator import resources as res
+
+    pod = res.worker_pod(parse_spec(_spec({}), "spread"), "ns", "uid-7", 0, 0)
+    term, = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {"netsense.dev/job-uid": "uid-7"}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname",
+                                                                     "labelSelector": {"matchLabels": {"a": "b"}}}]}
+    pod = res.worker_pod(parse_spec(_spec({"podTemplate": {"spec": {"affinity": {"podAntiAffinity": required}}}}),
+                                    "spread"), "ns", "uid-7", 0, 0)
+    assert pod["spec"]["affinity"]["podAntiAffinity"] == required

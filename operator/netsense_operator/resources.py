@@ -183,6 +183,12 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         "resources": podtemplate.quantities(job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}}),
     }
     spec: dict = {
+        # One rank a node where the cluster has the nodes: two ranks on one node share its NIC, and one pod's
+        # shaped eth0 no longer describes the path between them. Preferred, not required (a one-node cluster
+        # still runs the job); spec.podTemplate.spec.affinity.podAntiAffinity replaces it (required, say).
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                               "labelSelector": {"matchLabels": {LABEL_JOB_UID: uid}}}}]}},
         "restartPolicy": "Never",  # a failed rank fails the gang; the operator restarts it whole
         "automountServiceAccountToken": False,  # workers never talk to the API
         "enableServiceLinks": False,
