@@ -1,4 +1,5 @@
 import os
+import uuid
 
 import pytest
 
@@ -80,3 +81,12 @@ def operator(operator_kubeconfig, tmp_path_factory):
     op = OperatorProcess(operator_kubeconfig, str(tmp_path_factory.mktemp("operator") / "operator.log")).start()
     yield op
     op.stop()
+
+
+@pytest.fixture
+def ns(kube):
+    """A namespace of this test's own; its jobs are deleted after it (a job left Pending would be reconciled
+    for the rest of the session)."""
+    name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
+    yield name
+    kube.delete_jobs(name)

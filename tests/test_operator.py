@@ -11,26 +11,14 @@ import uuid
 import pytest
 import yaml
 from kubernetes import client
-from support.kube import REPO, OperatorProcess, wait_for
+from support.kube import REPO, OperatorProcess, quick_spec, wait_for
 from support.procs import Watched, alive
 
 pytestmark = pytest.mark.apiserver
 
 
-def quick_spec(**over) -> dict:
-    spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
-            "compression": {"method": "tta"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
-            "runPolicy": {"backoffLimit": 1}}
-    for k, v in over.items():
-        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
-    return spec
 
 
-@pytest.fixture
-def ns(kube):
-    name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
-    yield name
-    kube.delete_jobs(name)
 
 
 def env_of(container) -> dict:

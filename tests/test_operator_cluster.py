@@ -1,7 +1,7 @@
 """The operator under a real cluster's failures, against the real API server (the tests play kubelet): a rank
 disrupted (evicted, preempted, deleted) is not a failure; a restarted gang never meets its predecessor; a full
 quota is waited for; a spec change is judged by generation (a queue may set a suspended job's scheduling);
-a large trace goes through `kubectl apply`; no decision on a status older than the operator's own write."""
+a large trace goes through `kubectl apply`. (The pure units: test_operator_units.py.)"""
 
 from __future__ import annotations
 
@@ -9,29 +9,17 @@ import json
 import os
 import subprocess
 import time
-import uuid
 
 import pytest
 import yaml
-from support.kube import wait_for
+from support.kube import quick_spec, wait_for
 
 pytestmark = pytest.mark.apiserver
 GROUP, VERSION, PLURAL = "netsense.dev", "v1alpha1", "netsensejobs"
 
 
-def quick_spec(**over) -> dict:
-    spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
-            "compression": {"method": "tta"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
-            "runPolicy": {"backoffLimit": 0}}
-    spec.update(over)
-    return spec
 
 
-@pytest.fixture
-def ns(kube):
-    name = kube.namespace(f"c-{uuid.uuid4().hex[:8]}")
-    yield name
-    kube.delete_jobs(name)
 
 
 def running(kube, ns: str, name: str, attempt: int) -> list:
@@ -46,7 +34,7 @@ def running(kube, ns: str, name: str, attempt: int) -> list:
 def test_an_evicted_rank_restarts_the_gang_without_counting_against_backoff_limit(kube, ns, operator):
     """backoffLimit 0: a failure would end the job; an eviction (the DisruptionTarget condition the Eviction API
     and a drain set) restarts the gang at once instead, and the next gang runs."""
-    kube.create_job(ns, "evicted", quick_spec())
+    kube.create_job(ns, "evicted", quick_spec(runPolicy={"backoffLimit": 0}))
     pods = running(kube, ns, "evicted", 0)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     kube.core.patch_namespaced_pod_status(pods[1].metadata.name, ns, {"status": {
@@ -62,7 +50,7 @@ def test_an_evicted_rank_restarts_the_gang_without_counting_against_backoff_limi
 
 def test_a_running_ranks_pod_being_deleted_restarts_the_gang_at_once(kube, ns, operator):
     """A terminating pod is not alive: the gang restarts now, not after the collectives' 120 s timeout."""
-    kube.create_job(ns, "drained", quick_spec())
+    kube.create_job(ns, "drained", quick_spec(runPolicy={"backoffLimit": 0}))
     pods = running(kube, ns, "drained", 0)
     holder = pods[0].metadata.name  # a finalizer keeps it terminating, as a graceful shutdown would
     kube.core.patch_namespaced_pod(holder, ns, {"metadata": {"finalizers": ["netsense.dev/test-hold"]}})
@@ -144,19 +132,3 @@ def test_a_large_trace_goes_through_kubectl_apply_and_kopf_keeps_only_its_digest
     annotations = kube.job(ns, "trace")["metadata"]["annotations"]
     kopf_copy = annotations.get("kopf.zalando.org/last-handled-configuration", "")
     assert kopf_copy and len(kopf_copy) < 2048 and "sha256" in json.loads(kopf_copy)["spec"]
-
-
-def test_no_decision_on_a_status_older_than_the_operators_own_write():
-    """A timer pass that sees the job before the watch showed the operator's last write of its phase or
-    attempt does nothing (it could re-create a gang the last pass had just finished)."""
-    from netsense_operator import handlers
-
-    uid = f"stale-{uuid.uuid4().hex}"
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"status": {"phase": "Failed"}})
-    assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})  # the watch still shows Running
-    assert not handlers._stale(uid, {"attempt": 0, "phase": "Failed"})  # it caught up
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"status": {"attempt": 1, "phase": "Pending"}})
-    assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})
-    assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"})
-    handlers._written[uid] = (5, "Pending", time.monotonic() - handlers.STALE_AFTER_S - 1)
-    assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"}), "a write never seen holds forever"

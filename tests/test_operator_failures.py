@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 
 import pytest
 from kubernetes import client
-from support.kube import OperatorProcess, wait_for
+from support.kube import OperatorProcess, quick_spec, wait_for
 
 from netsense.spec import GROUP, PLURAL, VERSION
 
@@ -28,20 +27,8 @@ pytestmark = pytest.mark.apiserver
 LEASE = ("netsense-operator", "netsense-system")  # name, namespace: what the operator's elector takes
 
 
-def quick_spec(**over) -> dict:
-    spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
-            "compression": {"method": "tta"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
-            "runPolicy": {"backoffLimit": 1}}
-    for k, v in over.items():
-        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
-    return spec
 
 
-@pytest.fixture
-def ns(kube):
-    name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
-    yield name
-    kube.delete_jobs(name)
 
 
 def failed(kube, ns: str, name: str, timeout: float = 30) -> dict:

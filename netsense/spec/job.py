@@ -503,21 +503,15 @@ def read_trace(path: str, field_path: str) -> list[dict]:
         return points
     with open(path) as fh:
         rows = [r for r in csv.reader(fh) if r and not r[0].startswith("#")]
-    if rows and not _is_number(rows[0][0].rstrip("smh")):
+    if rows and not units.is_bare_number(rows[0][0].rstrip("smh")):
         rows = rows[1:]  # header
     try:
         # A CSV trace's t is in seconds (its documented column): written with the unit a job's durations need.
-        return [{"at": f"{float(r[0]):g}s" if _is_number(r[0]) else r[0].strip(), "rate": r[1].strip()} for r in rows]
+        return [{"at": f"{float(r[0]):g}s" if units.is_bare_number(r[0]) else r[0].strip(), "rate": r[1].strip()} for r in rows]
     except IndexError:
         raise SpecError([Issue(field_path, f"{path}: each CSV row needs t,rate")]) from None
 
 
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
 
 
 def check_local(job: Job) -> None:

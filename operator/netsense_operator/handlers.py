@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import warnings
 
@@ -203,13 +204,52 @@ def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
     timer reconciles from, instead of listing each job's pods on every pass."""
     meta = body["metadata"]
     return {labels[res.LABEL_JOB_UID]: {
-        "metadata": {"name": meta["name"], "labels": dict(labels),
+        "metadata": {"name": meta["name"], "uid": meta.get("uid"), "labels": dict(labels),
+                     "creationTimestamp": meta.get("creationTimestamp"),
                      "deletionTimestamp": meta.get("deletionTimestamp")},
         "status": copy.deepcopy(dict(body.get("status") or {}))}}
 
 
 def _pods(index: kopf.Index, uid: str) -> list[dict]:
-    return list(index.get(uid, []))
+    """The job's pods as the watch last saw them, less those a resync found gone (_resync)."""
+    return [p for p in index.get(uid, []) if p["metadata"].get("uid") not in _vanished]
+
+
+# A watch that expires (410 Gone) is listed again by kopf without a DELETED for the pods that vanished
+# meanwhile: they would stay in the index, their rank never re-created. Once a RESYNC_S, one LIST of every job's
+# pods (cluster-wide, or per watched namespace: one request, however many jobs) names what the index still holds
+# and the API server no longer has.
+RESYNC_S = float(os.environ.get("NETSENSE_RESYNC_INTERVAL", "60"))
+RESYNC_MARGIN_S = 60.0  # a pod created this close to the LIST may be missing from it without being gone
+_vanished: set[str] = set()
+_resync_lock = threading.Lock()
+_last_resync = [0.0]
+
+
+def _listed_pods() -> list:
+    namespaces = [n for n in os.environ.get("NETSENSE_NAMESPACES", "").split(",") if n]
+    if namespaces:
+        return [p for n in namespaces for p in core().list_namespaced_pod(n, label_selector=res.LABEL_JOB_UID).items]
+    return core().list_pod_for_all_namespaces(label_selector=res.LABEL_JOB_UID).items
+
+
+def _resync(index: kopf.Index) -> None:
+    with _resync_lock:
+        if time.monotonic() - _last_resync[0] < RESYNC_S:
+            return
+        _last_resync[0] = time.monotonic()
+    listed_at = time.time()
+    try:
+        present = {p.metadata.uid for p in _listed_pods()}
+    except ApiException:
+        return  # the next resync tries again
+    for pods in list(index.values()):
+        for pod in pods:
+            meta = pod["metadata"]
+            created = meta.get("creationTimestamp")
+            if meta.get("uid") and meta["uid"] not in present and created and \
+                    st.parse_iso(created) < listed_at - RESYNC_MARGIN_S:
+                _vanished.add(meta["uid"])
 
 
 def _create_shared(job: Job, namespace: str, uid: str) -> None:
@@ -357,6 +397,7 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     if phase in st.FINISHED:
         _expire(name, namespace, status)
         return
+    _resync(pods_by_job)
     if phase is None or "appliedSpec" not in status:
         return  # the create handler has not finished yet
     if _stale(uid, status):

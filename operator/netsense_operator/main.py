@@ -55,6 +55,7 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
     # An explicit identity: kopf's own guess asks the passwd database for our user, and an image's
     # non-root UID (65532) has no entry there (KeyError, and kopf's thread is gone).
     identity = elector.identity if elector else f"{socket.gethostname()}-{os.getpid()}"
+    os.environ["NETSENSE_NAMESPACES"] = ",".join(namespaces or ())  # where the handlers' resync lists pods
     operator = threading.Thread(target=kopf.run, name="kopf", daemon=True, kwargs={
         "clusterwide": not namespaces, "namespaces": namespaces or (), "standalone": True,
         "liveness_endpoint": liveness, "stop_flag": stop, "identity": identity})

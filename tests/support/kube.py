@@ -109,6 +109,17 @@ class Kube:
         self.core.patch_namespaced_pod_status(pod, ns, body)
 
 
+def quick_spec(**over) -> dict:
+    """A small shaped job for the operator tests (no pod of it ever runs: the tests play kubelet); a mapping
+    given for a key is merged into the default's, anything else replaces it."""
+    spec = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
+            "compression": {"method": "tta"}, "network": {"profile": {"type": "static", "rate": "200Mbit"}},
+            "runPolicy": {"backoffLimit": 1}}
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    return spec
+
+
 def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout
     last = None
