@@ -285,3 +285,17 @@ def test_every_subcommand_explains_itself_in_its_help():
         if name in ("operator", "testbed"):  # the operator's own --help; the deprecated spelling
             continue
         assert parser.description and len(parser.description) > 40, f"`netsense {name} --help` has no description"
+
+
+@pytest.mark.root
+def test_an_unshaped_run_of_several_workers_trains(tmp_path):
+    """No profile: only rank 0 publishes the training clock locally, and a clock broadcast only rank 0 entered
+    hung every unshaped run of two workers or more until the collective timeout."""
+    doc = job(training={"maxSteps": 20})
+    del doc["spec"]["network"]
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
+        code, _, err = finish(run, 120)
+        assert code == 0, err
+        nothing_left(run, before)
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["steps"] == 20

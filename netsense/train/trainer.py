@@ -212,9 +212,9 @@ class Trainer:
         Every rank writes the time to its shaper's start file; until then the
         shapers hold the profile's first step (see netsense.shaping.shaper).
         Locally the clock is published even without a profile: the queue
-        sampler and the cross traffic run on it too."""
-        if self.profile is None and not self.start_file:
-            return
+        sampler and the cross traffic run on it too. Every rank takes part in
+        the broadcast whatever it has to publish: only rank 0 has the start file
+        of an unshaped local run, and a broadcast only it entered hung the run."""
         now = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.broadcast(now, 0)
