@@ -31,6 +31,7 @@ from netsense.shaping.queue import DelayHistogram, LinkStats
 from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import qdiscs
 from netsense.spec import SpecError, check_cluster, check_local, parse_job, parse_spec
+from netsense.train.results import read_timeline
 
 MBIT = 1e6
 
@@ -221,8 +222,7 @@ def test_a_training_job_gets_less_of_the_shared_link_once_cross_traffic_starts(t
                         "crossTraffic": [{"type": "bulk", "flows": 2, "start": "6s"}]}}
     out = str(tmp_path / "run")
     result = run_job(parse_spec(spec, "cross"), out, quiet=True)
-    with open(os.path.join(out, "timeline.csv")) as fh:
-        steps = [{k: float(v) if v else None for k, v in r.items()} for r in csv.DictReader(fh)]
+    steps = read_timeline(os.path.join(out, "timeline.csv"))
 
     def training_mbit(t0: float, t1: float) -> float:
         window = [s for s in steps if t0 < s["time"] <= t1]
