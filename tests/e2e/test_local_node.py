@@ -131,8 +131,11 @@ def test_quick_sample_runs_as_real_pods(operator):
 
     table = kubectl("get", "nsj", "quick-digits")
     header, row = table.splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "PHASE", "METHOD", "WORKERS", "RATE", "SAMPLES/S"], header
+    assert header.split()[:9] == ["NAME", "PHASE", "METHOD", "WORKERS", "RATE", "PROGRESS", "SAMPLES/S", "BEST-ACC",
+                                  "TARGET"], header
     assert "<none>" not in row and row.split()[1] == "Succeeded", row
+    best, target = row.split()[-3:-1]  # ..., BEST-ACC, TARGET, AGE
+    assert len(best.split(".")[1]) <= 3 and target in ("True", "False"), row  # rounded; the target's fate
     kubectl("delete", "-f", SAMPLE, "--wait=true")
 
 
