@@ -14,7 +14,7 @@ PIP_FLAGS ?= --disable-pip-version-check
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
 	@echo "make test       set up .venv, the Debian packages and the envtest control plane, then run every test"
-	@echo "make test-fast  the pure units, under 2 minutes: no root, no API server, no Go, no gloo worlds"
+	@echo "make test-fast  the pure units, under a minute: no root, no API server, no Go, no gloo worlds"
 	@echo "make lint       ruff"
 	@echo "make envtest    build kube-apiserver, etcd and kubectl into ~/.cache/netsense/envtest"
 	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"

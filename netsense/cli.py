@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 import yaml
 
@@ -23,7 +24,7 @@ from netsense.spec.schema import Errors, Issue
 
 EPILOG = """examples:
   netsense validate samples/quick.yaml
-  sudo netsense run samples/quick.yaml --out runs/quick
+  sudo .venv/bin/netsense run samples/quick.yaml --out runs/quick
   netsense bench testbed/grids/ci.yaml --out runs/bench
   netsense shape --dev eth0 --rate 200Mbit
   netsense shape --dev eth0 --profile profile.yaml --direction both
@@ -276,7 +277,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _say_deprecation(message, category, filename, lineno, file=None, line=None) -> None:
+    """A deprecated spelling in the user's job is a line like any other message, not a traceback-like warning
+    naming our source file; warnings from libraries keep Python's format."""
+    if issubclass(category, FutureWarning) and str(message).startswith("spec."):
+        print(f"netsense: warning: {message}", file=file or sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _say_deprecation
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "operator":

@@ -66,7 +66,7 @@ for g in "${GRIDS[@]}"; do
     } > "testbed/results/$g.md"
     cp "$out/table.json" "$landed"
     files=("testbed/results/$g.md" "$landed")  # what this grid wrote
-    for plot in tta sensitivity; do
+    for plot in tta accuracy sensitivity; do
         if [ -f "$out/$plot.png" ]; then
             cp "$out/$plot.png" "testbed/results/$g-$plot.png"
             files+=("testbed/results/$g-$plot.png")
