@@ -6,7 +6,9 @@
 For each scenario of each grid's table (testbed/results/<grid>.json, the bench's table.json as
 testbed/rerun.sh lands it): the fastest mean, our method's regret (its mean TTA over the
 fastest mean: the controller bar is 1.1) and its paired TTA ratio against the best method outside its
-family with the bootstrap 95% interval (the bench's statistics, not recomputed here), the same for the
+family with the 95% interval the table was written with (a percentile bootstrap in the tables of
+sets 1-5, Student's t on the log ratios since; the bench's statistics, not recomputed here: testbed/fair.py
+recomputes them from the per-seed records where a table has them), the same for the
 best of each peer family (fixed TopK densities, PowerSGD ranks, the paper's netsense, dc2, allreduce),
 and at the early target where the grid has one. Last, which code ran the tables: one line if one version
 of the package ran them all, else each table's.

@@ -4,7 +4,8 @@ Grids since the `variants:` key name a method's own variants, and the bench's ta
 the best method outside its family. Runs from before it (eval4, eval2-after) paired tta with tta-plain
 where that was the runner-up; this re-reads their summary.json with the methods named in --ours as one
 family, with the bench's own statistics (netsense.bench.stats: geometric mean of the per-seed TTA ratios,
-percentile bootstrap 95% interval, fixed generator):
+Student's t 95% interval on the log ratios, none below 5 pairs; the numbers it printed into the README
+before, from a percentile bootstrap, are not what it prints now):
 
     python testbed/peers.py runs/eval4/summary.json --ours tta,tta-plain,tta-masked [--target 0.85]
 """

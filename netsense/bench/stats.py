@@ -195,7 +195,7 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
                               ) -> None:
     """Add to each row its paired comparison with the best other method of its scenario (the lowest mean
     TTA among those outside its family, ``family``: label -> family; by default each method is its own):
-    the geometric mean over common seeds of TTA / the other's TTA, its bootstrap 95% interval, and the
+    the geometric mean over common seeds of TTA / the other's TTA, its 95% t interval (paired_ratio), and the
     fraction of the scenario's seeds on which the method was the fastest of all. A method leads only
     where the whole interval is below 1. ``tta_of``: a result's TTA (another target's)."""
     family = family or {}
