@@ -133,6 +133,31 @@ def test_shaped_pods_run_the_shaper_image_the_operator_is_given():
     assert unnamed["spec"]["containers"][0]["image"] == "registry.example.com/netsense/worker:9"
 
 
+def test_a_gang_that_names_a_kueue_queue_is_one_kueue_pod_group_an_attempt():
+    """Kueue's plain-pod integration admits pods one by one unless they name a group: a part of a gang admitted
+    would hold quota waiting for the rest. Named once per attempt, with the gang's size; nothing for a job that
+    names no queue."""
+    from netsense.spec.job import parse_job
+
+    with open(os.path.join(REPO, "samples", "quick.yaml")) as fh:
+        doc = yaml.safe_load(fh)
+    plain = parse_job(doc)
+    doc["spec"]["podTemplate"] = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}}
+    queued = parse_job(doc)
+    pods = [res.worker_pod(queued, "d", "0f4c4a7e-2b55-4b1e-9d7e-4c1c9b1f5a11", rank, attempt)
+            for attempt in (0, 1) for rank in range(queued.workers)]
+    groups = [p["metadata"]["labels"][res.KUEUE_GROUP] for p in pods]
+    assert len(set(groups[:2])) == 1 and len(set(groups[2:])) == 1 and groups[0] != groups[2], groups
+    assert all(len(g) <= 63 for g in groups)
+    assert {p["metadata"]["annotations"][res.KUEUE_GROUP_COUNT] for p in pods} == {str(queued.workers)}
+    assert all(p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" for p in pods)
+    for p in pods:
+        validate(p)
+    bare = res.worker_pod(plain, "d", "u", 0, 0)
+    assert res.KUEUE_GROUP not in bare["metadata"]["labels"]
+    assert res.KUEUE_GROUP_COUNT not in bare["metadata"].get("annotations", {})
+
+
 def test_operator_built_pods_validate():
     for name in ("quick.yaml", "paper-resnet18-steps.yaml"):
         job = load_job(os.path.join(REPO, "samples", name))

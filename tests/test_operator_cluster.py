@@ -1,7 +1,8 @@
 """The operator under a real cluster's failures, against the real API server (the tests play kubelet): a rank
 disrupted (evicted, preempted, deleted) is not a failure; a restarted gang never meets its predecessor; a full
 quota is waited for; a spec change is judged by generation (a queue may set a suspended job's scheduling);
-a large trace goes through `kubectl apply`. (The pure units: test_operator_units.py.)"""
+a large trace goes through `kubectl apply`; passes follow the pods' events, not the timer, and quiet jobs cost
+no request. (The pure units: test_operator_units.py; the cost at scale: testbed/operator_cost.py.)"""
 
 from __future__ import annotations
 
@@ -132,3 +133,77 @@ def test_a_large_trace_goes_through_kubectl_apply_and_kopf_keeps_only_its_digest
     annotations = kube.job(ns, "trace")["metadata"]["annotations"]
     kopf_copy = annotations.get("kopf.zalando.org/last-handled-configuration", "")
     assert kopf_copy and len(kopf_copy) < 2048 and "sha256" in json.loads(kopf_copy)["spec"]
+
+
+def test_pod_events_drive_the_job_not_the_timer(kube, ns, operator, operator_kubeconfig, tmp_path):
+    """With the timer at 60 s, a gang that starts is Running, and a failed rank restarts the gang, within
+    seconds: a pass follows each pod's event (and each of the job's own), the timer only keeps time."""
+    from support.kube import OperatorProcess
+
+    operator.stop()  # one operator leads at a time: this one's timer is slow
+    slow = OperatorProcess(operator_kubeconfig, str(tmp_path / "slow.log"),
+                           env={"NETSENSE_RECONCILE_INTERVAL": "60"}).start()
+    try:
+        kube.create_job(ns, "eventful", quick_spec())
+        pods = wait_for(lambda: len(kube.pods(ns, "eventful", 0)) == 2 and kube.pods(ns, "eventful", 0), timeout=40,
+                        what="the first gang (the create handler)")
+        started = time.monotonic()
+        for p in pods:
+            kube.set_pod_phase(ns, p.metadata.name, "Running")
+        wait_for(lambda: kube.status(ns, "eventful").get("phase") == "Running", timeout=10,
+                 what="Running after the pods' events, long before the 60 s timer")
+        kube.set_pod_phase(ns, pods[1].metadata.name, "Failed", message="boom", exit_code=1)
+        wait_for(lambda: len(kube.pods(ns, "eventful", 1)) == 2, timeout=10,
+                 what="the restarted gang after rank 1's failure")
+        assert kube.status(ns, "eventful")["restarts"] == 1
+        assert time.monotonic() - started < 30, "the passes waited for the timer"
+        assert "Traceback" not in slow.log(), slow.log()
+    finally:
+        slow.stop()
+        operator.start()
+
+
+def _rates(kube, seconds: float) -> dict[tuple[str, str, str], float]:
+    """Requests a second the API server answered over a window, by (verb, resource, subresource), less the
+    watches (long-lived) and the Lease's renewals (leader election, fixed per operator)."""
+    before = kube.request_counts()
+    time.sleep(seconds)
+    after = kube.request_counts()
+    return {k: (n - before.get(k, 0)) / seconds for k, n in after.items()
+            if n > before.get(k, 0) and k[0] != "WATCH" and k[1] != "leases"}
+
+
+def test_quiet_jobs_cost_no_requests_and_a_running_job_under_one_a_second(kube, ns, operator):
+    """20 Pending jobs whose pods never schedule and 3 Running jobs, reconciled every 0.5 s (the tests' timer):
+    the quiet ones cost nothing (no re-creating of their ConfigMap and Service: 4 requests a pass each before),
+    a running one a log read and a status write at most every NETSENSE_PROGRESS_INTERVAL (5 s)."""
+    for i in range(20):
+        kube.create_job(ns, f"quiet-{i}", quick_spec(workers=1))
+    for i in range(3):
+        kube.create_job(ns, f"busy-{i}", quick_spec())
+    for i in range(3):
+        running(kube, ns, f"busy-{i}", 0)
+    wait_for(lambda: all(kube.status(ns, f"quiet-{i}").get("phase") == "Pending" for i in range(20)),
+             what="20 Pending jobs")
+    time.sleep(3)  # the last creations' echoes (the watch's events of their own writes)
+    rates = _rates(kube, 10)
+    total = sum(rates.values())
+    shown = ", ".join(f"{v} {r}{'/' + s if s else ''} {n:.2f}/s" for (v, r, s), n in sorted(rates.items()))
+    assert not any(r in ("configmaps", "services") for _, r, _ in rates), f"quiet jobs re-create: {shown}"
+    assert total < 3 * 1.0, f"{total:.2f} requests/s for 3 running and 20 quiet jobs: {shown}"
+
+
+def test_a_config_map_deleted_while_the_gang_waits_on_its_node_comes_back(kube, ns, operator):
+    """The job's objects are made once an attempt (a pass costs no request once they are there); one deleted by
+    someone while the pods sit on a node waiting for their volume is made again (every 3 timer periods)."""
+    kube.create_job(ns, "lost-config", quick_spec())
+    pods = wait_for(lambda: len(kube.pods(ns, "lost-config", 0)) == 2 and kube.pods(ns, "lost-config", 0),
+                    what="the gang")
+    config = kube.core.list_namespaced_config_map(ns, label_selector="netsense.dev/job=lost-config").items[0]
+    kube.core.delete_namespaced_config_map(config.metadata.name, ns)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for p in pods:  # bound to a node, waiting (as a kubelet reports while a volume cannot mount)
+        kube.core.patch_namespaced_pod_status(p.metadata.name, ns, {"status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]}})
+    wait_for(lambda: kube.core.list_namespaced_config_map(ns, label_selector="netsense.dev/job=lost-config").items,
+             timeout=20, what="the ConfigMap made again")

@@ -39,10 +39,10 @@ def test_no_decision_on_a_status_older_than_the_operators_own_write():
     from netsense_operator import handlers
 
     uid = f"stale-{uuid.uuid4().hex}"
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"status": {"phase": "Failed"}})
+    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"phase": "Failed"})
     assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})  # the watch still shows Running
     assert not handlers._stale(uid, {"attempt": 0, "phase": "Failed"})  # it caught up
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"status": {"attempt": 1, "phase": "Pending"}})
+    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"attempt": 1, "phase": "Pending"})
     assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})
     assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"})
     handlers._written[uid] = (5, "Pending", time.monotonic() - handlers.STALE_AFTER_S - 1)

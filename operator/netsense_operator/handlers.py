@@ -3,9 +3,10 @@
 - create/resume: validate (InvalidSpec -> Failed, no pods), then create the
   rendezvous Service and the first gang of worker pods, idempotently (409s are
   fine: a restarted operator creates nothing twice);
-- a timer reconciles every few seconds, level-triggered from what the API says
-  (pods as a label-selected watch keeps them in an in-memory index, so a quiet
-  job costs no API call):
+- a pass reconciles a job, level-triggered from what the API says (pods as a
+  label-selected watch keeps them in an in-memory index, so a quiet job costs
+  no API call), whenever one of its pods or the job itself changes, and on a
+  slow timer for what only time changes (deadlines, progress, the profile's step):
   pod phases -> job phase, a failed rank -> the whole gang restarts (up to
   backoffLimit), activeDeadlineSeconds, rank 0's result -> status.result,
   rank 0's progress lines -> status.progress, the profile's current step ->
@@ -26,6 +27,7 @@ import time
 import warnings
 
 import kopf
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -40,7 +42,11 @@ from netsense_operator import resources as res
 from netsense_operator import status as st
 from netsense_operator.metrics import METRICS
 
-RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "2"))
+# Passes run on every event of a job or of its pods; the timer only keeps time (activeDeadlineSeconds,
+# pendingTimeoutSeconds, ttlSecondsAfterFinished, progress, the profile's step), so it can be slow.
+RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "10"))
+# Rank 0's log is read for status.progress at most this often (a GET a read): a running job's steady cost.
+PROGRESS_INTERVAL = float(os.environ.get("NETSENSE_PROGRESS_INTERVAL", "5"))
 # The shaping sidecar's image, chosen by whoever installs the operator (a digest pins it), not by each job.
 SHAPER_IMAGE = os.environ.get("NETSENSE_SHAPER_IMAGE") or res.SHAPER_IMAGE
 # The trainer's image of a job that names none, chosen by the install too (a CRD default no registry serves left
@@ -158,7 +164,8 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
         raise Refused("InvalidPod", f"{kind} {name} cannot be built: {' '.join(str(e).split())}") from e
     except ApiException as e:
         message = _api_message(e)
-        if e.status == 403 and "exceeded quota" in message:
+        # A full quota, or one the quota controller has not counted yet (just created): wait, not fail.
+        if e.status == 403 and ("exceeded quota" in message or "status unknown for quota" in message):
             raise QuotaWait(f"{kind} {name}: {message}") from e
         if e.status in (400, 422) or (e.status == 403 and "cannot create resource" not in message):
             raise Refused("AdmissionRefused", f"the API server refused {kind} {name}: {message}") from e
@@ -183,9 +190,11 @@ def _delete_pods(namespace: str, pods: list[dict]) -> None:
         _delete("Pod", pod["metadata"]["name"], namespace)
 
 
-def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> None:
+def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> int:
     """Every pod of one attempt that this job owns, by name: right even before the watch has seen them. A pod
-    under such a name that another owns (the reason for a NameTaken) is not the job's to delete."""
+    under such a name that another owns (the reason for a NameTaken) is not the job's to delete. Returns how
+    many of the job's pods of that attempt still exist (deleted now, or terminating)."""
+    found = 0
     for rank in range(job.workers):
         name = res.pod_name(job.name, attempt, rank)
         try:
@@ -195,13 +204,17 @@ def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> None:
                 continue
             raise
         if res.controller_uid(core().api_client.sanitize_for_serialization(pod)) == uid:
-            _delete("Pod", name, namespace)
+            found += 1
+            if not pod.metadata.deletion_timestamp:
+                _delete("Pod", name, namespace)
+    return found
 
 
 @kopf.index("v1", "pods", labels={res.LABEL_JOB_UID: kopf.PRESENT})
-def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
-    """Every pod of every job (all attempts) by the job's UID, as the watch last saw it: what the
-    timer reconciles from, instead of listing each job's pods on every pass."""
+async def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
+    """Every pod of every job (all attempts) by the job's UID, as the watch last saw it: what a pass reconciles
+    from, instead of listing each job's pods. Async (pure, no I/O): indexing runs on kopf's event loop and
+    never waits for one of the threads the passes hold."""
     meta = body["metadata"]
     return {labels[res.LABEL_JOB_UID]: {
         "metadata": {"name": meta["name"], "uid": meta.get("uid"), "labels": dict(labels),
@@ -212,7 +225,8 @@ def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
 
 def _pods(index: kopf.Index, uid: str) -> list[dict]:
     """The job's pods as the watch last saw them, less those a resync found gone (_resync)."""
-    return [p for p in index.get(uid, []) if p["metadata"].get("uid") not in _vanished]
+    pods = list(index.get(uid, ()))  # a copy first: the event loop may change the index meanwhile
+    return [p for p in pods if p["metadata"].get("uid") not in _vanished]
 
 
 # A watch that expires (410 Gone) is listed again by kopf without a DELETED for the pods that vanished
@@ -244,7 +258,7 @@ def _resync(index: kopf.Index) -> None:
     except ApiException:
         return  # the next resync tries again
     for pods in list(index.values()):
-        for pod in pods:
+        for pod in list(pods):
             meta = pod["metadata"]
             created = meta.get("creationTimestamp")
             if meta.get("uid") and meta["uid"] not in present and created and \
@@ -308,6 +322,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
                                   f"{job.workers} worker pod(s) and the rendezvous service created")
     try:
         _create_shared(job, namespace, uid)
+        _shared_made[uid] = (0, time.monotonic())
         _create_gang(job, namespace, uid, 0)
         kopf.event(body, type="Normal", reason="GangCreated",
                    message=f"{job.workers} worker pod(s) and the rendezvous service")
@@ -333,13 +348,17 @@ def _update(patch: kopf.Patch, status: dict, **fields) -> None:
             patch.status[key] = value
 
 
-_parsed: dict[tuple[str, object], tuple[Job, Profile | None]] = {}  # (job uid, observedGeneration) -> both
+_parsed: dict[tuple[str, object, str], tuple[Job, Profile | None]] = {}  # (uid, generation, digest) -> both
 
 
 def _applied(uid: str, name: str, status: dict) -> tuple[Job, Profile | None]:
     """The job as recorded (status.appliedSpec), parsed, and its profile built: once per job and recorded
     generation, not every pass (a 6,000-point trace took 79 ms of CPU a pass)."""
-    key = (uid, status.get("observedGeneration"))
+    # Keyed by the recorded spec's digest too: appliedSpec can change without a new generation (written by an
+    # earlier operator, or by hand), and must never be read from a stale parse. A digest costs ~ms for a
+    # 6,000-point trace; the parse and profile it saves took 79 ms.
+    digest = hashlib.sha1(json.dumps(status["appliedSpec"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    key = (uid, status.get("observedGeneration"), digest)
     if key not in _parsed:
         for stale in [k for k in _parsed if k[0] == uid]:
             del _parsed[stale]
@@ -366,6 +385,25 @@ def _progress(namespace: str, pod: dict) -> dict | None:
     return st.last_progress(text or "")
 
 
+_shared_made: dict[str, tuple[int, float]] = {}  # job uid -> (attempt, when) its ConfigMap and Service were made
+SHARED_RECHECK_S = 3 * RECONCILE_INTERVAL  # 30 s as installed
+_progress_read: dict[str, float] = {}  # job uid -> when rank 0's log was last read (monotonic)
+_swept: dict[str, int] = {}  # job uid -> the attempt whose predecessor's pods were looked up by name
+
+
+def _shared_needed(uid: str, attempt: int, pods: list[dict]) -> bool:
+    """Whether a pass should (re)make the job's ConfigMap and Service: once an attempt, and again every
+    SHARED_RECHECK_S while a pod is on a node and not running yet (one deleted by someone leaves it waiting for
+    its volume). Pods that wait for a node, the bulk of a queue, cost nothing."""
+    made = _shared_made.get(uid)
+    if made is None or made[0] != attempt:
+        return True
+    waiting = any((p.get("status") or {}).get("phase", "Pending") == "Pending" and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
+        for p in pods)
+    return waiting and time.monotonic() - made[1] > SHARED_RECHECK_S
+
+
 def _ttl(status: dict) -> int | None:
     return (status.get("appliedSpec") or {}).get("runPolicy", {}).get("ttlSecondsAfterFinished")
 
@@ -375,20 +413,98 @@ def _needs_reconcile(status: dict, **_) -> bool:
     return status.get("phase") not in st.FINISHED or _ttl(status) is not None
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
-def reconcile(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(uid, threading.Lock())
+
+
+def _pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
+    """One reconcile of one job, whoever started it (its timer, its own event, a pod's event): one at a time a
+    job, none on a status older than this operator's last write (_stale), and its status written before the
+    next pass starts (by this pass, not by kopf after the handler returns: an older write landing after a newer
+    one could leave a finished job's status stale for good). Remembered only once written."""
     start = time.perf_counter()
+    written = None
+    with _lock(uid):
+        try:
+            _reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
+            written = patch.pop("status", None)
+            if written:
+                _patch_status(name, namespace, {"status": dict(written)})
+                _remember(uid, status, written)
+        finally:
+            METRICS.reconciled(time.perf_counter() - start)
+            METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
+def reconcile(**kwargs) -> None:
+    _pass(**kwargs)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_changed(type: str | None, status: dict, meta: kopf.Meta, uid: str, **kwargs) -> None:
+    """The job changed (its spec: suspend; or a status this operator wrote, a restart's new attempt among them):
+    the next step now, not at the timer. Nothing for a job being deleted (its objects go with it)."""
+    if type == "DELETED":
+        with _lock(uid):  # no pass of it is left running: its lock goes too
+            _locks.pop(uid, None)
+        return
+    if not meta.get("deletionTimestamp") and _needs_reconcile(status):
+        _pass(uid=uid, status=status, meta=meta, **kwargs)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+async def jobs_by_uid(body: kopf.Body, uid: str, **_) -> dict:
+    """Each job as its watch last showed it, for the pass a pod's event starts (kopf hands a pod's handler the
+    pod, not its job). Without annotations or managedFields: kubectl's copy of a large trace stays out."""
+    meta = body["metadata"]  # kopf replaces a body's dicts on each event, never mutates them: no deep copy
+    return {uid: {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                  "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "generation", "deletionTimestamp")},
+                  "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}}
+
+
+@kopf.on.event("v1", "pods", labels={res.LABEL_JOB_UID: kopf.PRESENT})
+def pod_changed(labels: kopf.Labels, jobs_by_uid: kopf.Index, pods_by_job: kopf.Index, logger: logging.Logger,
+                **_) -> None:
+    """A pod of a job changed (scheduled, started, failed, evicted, gone): reconcile its job now. kopf applies a
+    handler's patch to the object the handler is for, here the pod, so this pass writes the job's status itself."""
+    for job in list(jobs_by_uid.get(labels.get(res.LABEL_JOB_UID), [])):
+        meta = job["metadata"]
+        if meta.get("deletionTimestamp") or not _needs_reconcile(job["status"]):
+            continue
+        try:
+            _pass(uid=meta["uid"], name=meta["name"], namespace=meta["namespace"], spec=job["spec"],
+                  status=job["status"], patch=kopf.Patch(), body=kopf.Body(job), logger=logger,
+                  pods_by_job=pods_by_job)
+        except kopf.TemporaryError as e:  # the job's own passes (its timer, its next event) try again
+            logger.info(f"job {meta['name']}: {e}")
+
+
+def _patch_status(name: str, namespace: str, body: dict) -> None:
+    """The status as kopf would write it (a merge patch of the status subresource: a null deletes a key, a list is
+    replaced)."""
     try:
-        _reconcile(uid=uid, status=status, patch=patch, **kwargs)
-        _remember(uid, status, patch)
-    finally:
-        METRICS.reconciled(time.perf_counter() - start)
-        METRICS.job_phase(uid, (patch.get("status") or {}).get("phase") or status.get("phase"))
+        custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body,
+                                                       _content_type="application/merge-patch+json")
+    except ApiException as e:
+        if e.status != 404:  # gone meanwhile: nothing to write to
+            raise kopf.TemporaryError(f"writing the status of {name}: {_api_message(e)}", delay=2) from e
+    except urllib3.exceptions.HTTPError as e:  # the API server unreachable
+        raise kopf.TemporaryError(f"writing the status of {name}: {e}", delay=2) from e
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def forget(uid: str, **_) -> None:
     METRICS.job_phase(uid, None)
+    for memo in (_written, _shared_made, _progress_read, _swept):
+        memo.pop(uid, None)
+    for key in [k for k in _parsed if k[0] == uid]:
+        _parsed.pop(key, None)
 
 
 def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
@@ -482,17 +598,25 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             finish(st.FAILED, verdict.reason, verdict.message, pods)
         return
     blocked = None  # why the gang's missing pods are not created this pass
+    if missing and not predecessors and attempt > 0 and _swept.get(uid) != attempt:
+        # The previous attempt's pods by name, once: some may be too new for the watch to have shown them.
+        if _delete_gang(job, namespace, attempt - 1, uid):
+            predecessors = [{"metadata": {"name": res.pod_name(job.name, attempt - 1, 0)}}]
+        else:
+            _swept[uid] = attempt
     if missing and predecessors:
         # The earlier attempt's pods must be gone first: its rank 0 would still answer the rendezvous Service
         # (published before it is ready), and a quota sized for one gang has no room for two.
         blocked = ("Predecessors", f"waiting for {len(predecessors)} pod(s) of an earlier attempt to terminate")
     else:
         try:
-            if phase == st.PENDING:  # what the gang needs to start: one deleted by someone comes back
+            # What the gang needs to start, made once an attempt (a pass costs no request once it is there).
+            if phase == st.PENDING and _shared_needed(uid, attempt, pods):
                 _create_shared(job, namespace, uid)
+                _shared_made[uid] = (attempt, time.monotonic())
             if missing:
                 _create_gang(job, namespace, uid, attempt, missing)
-                if len(missing) == job.workers:  # a whole new gang (after a restart or a resume)
+                if len(missing) == job.workers and not status.get("gangCreatedAt"):  # a new gang (restart, resume)
                     _update(patch, status, gangCreatedAt=st.now_iso())
         except Refused as e:
             _delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
@@ -539,7 +663,10 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
                 conditions = st.set_condition(conditions, "Restarting", "False", "GangRunning",
                                               f"attempt {attempt} running")
         _update(patch, status, phase=st.RUNNING)
-        progress = _progress(namespace, by_rank[0]) if phases.get(0) == "Running" else None
+        progress = None
+        if phases.get(0) == "Running" and time.monotonic() - _progress_read.get(uid, -PROGRESS_INTERVAL) >= PROGRESS_INTERVAL:
+            _progress_read[uid] = time.monotonic()
+            progress = _progress(namespace, by_rank[0])
         if progress:
             epoch = progress.pop("profileEpoch", None)
             if epoch is not None:  # when the trainers' (and the profile's) clock started, for people too
@@ -573,8 +700,7 @@ def _stale(uid: str, status: dict) -> bool:
     return (int(status.get("attempt", 0)), status.get("phase")) != mine[:2]
 
 
-def _remember(uid: str, status: dict, patch: kopf.Patch) -> None:
-    written = patch.get("status") or {}
+def _remember(uid: str, status: dict, written: dict) -> None:
     if "phase" in written or "attempt" in written:
         _written[uid] = (int(written.get("attempt", status.get("attempt", 0))), written.get("phase", status.get("phase")),
                          time.monotonic())

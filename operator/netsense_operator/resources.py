@@ -204,10 +204,27 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         trainer["volumeMounts"].append(RUN_VOLUME)
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
         spec["volumes"].append({"name": SHAPER_TMP["name"], "emptyDir": {}})  # queue samples: ~20 MB an hour
-    return podtemplate.apply({
+    return _kueue_group(podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
                      "labels": labels(job.name, uid, attempt, rank),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": spec,
-    }, job.spec.get("podTemplate"))
+    }, job.spec.get("podTemplate")), job, uid, attempt)
+
+
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def _kueue_group(pod: dict, job: Job, uid: str, attempt: int) -> dict:
+    """A pod template that names a Kueue queue (label kueue.x-k8s.io/queue-name) gets Kueue's plain-pod group:
+    the gang is admitted whole or not at all (admitted one pod at a time, a part of a gang would hold quota
+    waiting for the rest). One group an attempt: a restarted gang is a new workload, its predecessor's pods
+    are gone first (the operator waits for them)."""
+    meta = pod["metadata"]
+    if KUEUE_QUEUE in (meta.get("labels") or {}):
+        meta["labels"][KUEUE_GROUP] = f"{uid}-{attempt}"  # a label value: at most 63 characters (a UID is 36)
+        meta.setdefault("annotations", {})[KUEUE_GROUP_COUNT] = str(job.workers)
+    return pod

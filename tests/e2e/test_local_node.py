@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -262,3 +263,177 @@ def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
           f"the sender connected {-clock:.2f} s into the profile's clock")
     assert before == pytest.approx(40, rel=0.15) and after == pytest.approx(10, rel=0.15), out
     kubectl("delete", "-f", str(tmp_path / "tx.yaml"), "-f", str(tmp_path / "rx.yaml"), "--wait=true")
+
+
+# Chaos: what a user would break before trusting the operator on a real cluster.
+
+def _finish_without_duplicates(kubectl, name: str, ns: str = "default", timeout: float = 900) -> dict:
+    """Wait for the job to end; its final status, after checking every view of its pods (terminating ones
+    included): never more than one gang's worth, never two attempts at once (a new gang beside its predecessor)."""
+    peak, mixed = 0, []
+
+    def finished():
+        nonlocal peak
+        try:
+            pods = _get(kubectl, "-n", ns, "pods", "-l", f"{LABEL_JOB}={name}")["items"]
+            phase = (_get(kubectl, "-n", ns, "nsj", name).get("status") or {}).get("phase")
+        except AssertionError:  # the API server away for a moment: ask again
+            return None
+        peak = max(peak, len(pods))
+        attempts = {p["metadata"]["labels"].get("netsense.dev/attempt") for p in pods}
+        if len(attempts) > 1:
+            mixed.append(sorted(p["metadata"]["name"] for p in pods))
+        return phase in ("Succeeded", "Failed") and phase
+
+    phase = _wait(f"{name} to finish", finished, timeout, every=1)
+    status = _get(kubectl, "-n", ns, "nsj", name)["status"]
+    assert phase == "Succeeded", json.dumps(status, indent=1)[:3000]
+    assert peak <= 2 and not mixed, f"{peak} pods at once for a 2-worker job; two attempts together: {mixed[:3]}"
+    return status
+
+
+def test_chaos_the_api_server_down_30s_and_a_new_crd_under_a_running_job(node, operator, tmp_path):
+    """A CRD applied again with a defaulted field it did not have (an upgrade), then the API server stopped for
+    30 s and started again (the operator loses its Lease and comes back): the job finishes, no pod duplicated,
+    no restart, and the new default is no spec change."""
+    kubectl = operator
+    _apply_job(kubectl, tmp_path, "chaos-cp", **{"training.epochs": 12})
+    _wait("chaos-cp to run", lambda: _phase(kubectl, "chaos-cp") == "Running", 300)
+    crd_path = os.path.join(REPO, "manifests", "base", "crd.yaml")
+    with open(crd_path) as fh:
+        crd = yaml.safe_load(fh)
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["upgradeNote"] = {"type": "string", "default": "a field a newer CRD added"}
+    (tmp_path / "crd.yaml").write_text(yaml.safe_dump(crd))
+    try:
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tmp_path / "crd.yaml"))
+        _wait("the new CRD's default on the job", lambda: _job(kubectl, "chaos-cp")["spec"].get("upgradeNote"), 60)
+        t0 = time.monotonic()
+        node.cp.restart_apiserver(down_s=30)
+        print(f"\nE2E API server down 30 s: serving again after {time.monotonic() - t0:.1f}s")
+        status = _finish_without_duplicates(kubectl, "chaos-cp")
+    finally:  # the CRD as installed, once the API server answers
+        def restored() -> bool:
+            kubectl("apply", "--server-side", "--force-conflicts", "-f", crd_path, check=False)
+            now = kubectl("get", "crd", "netsensejobs.netsense.dev", "-o", "json", check=False)
+            return bool(now) and "upgradeNote" not in now
+
+        _wait("the CRD restored", restored, 120, every=2)
+    assert (status["restarts"], status.get("disruptions", 0)) == (0, 0), status
+    refused = [c for c in status["conditions"] if c["type"] == "SpecChangeRefused" and c["status"] == "True"]
+    assert not refused, refused
+    kubectl("delete", "nsj", "chaos-cp", "--wait=true")
+
+
+def test_chaos_a_drain_under_a_quota_that_fits_one_gang(operator, tmp_path):
+    """kubectl drain evicts the job's pods through the Eviction API (the node cordoned, then uncordoned): a
+    disruption, not a failure (backoffLimit 0), and the new gang waits for the old one inside a ResourceQuota of
+    exactly one gang's pods."""
+    kubectl = operator
+    ns = "chaos-quota"
+    kubectl("create", "namespace", ns)
+    try:
+        kubectl("-n", ns, "create", "quota", "one-gang", "--hard=pods=2")
+        _wait("the quota counted", lambda: _get(kubectl, "-n", ns, "quota", "one-gang").get("status", {}).get("hard"), 60)
+        with open(SAMPLE) as fh:
+            job = yaml.safe_load(fh)
+        job["metadata"].update(name="drained", namespace=ns)
+        job["spec"]["training"]["epochs"] = 12
+        job["spec"]["runPolicy"]["backoffLimit"] = 0
+        (tmp_path / "drained.yaml").write_text(yaml.safe_dump(job))
+        kubectl("apply", "-f", str(tmp_path / "drained.yaml"))
+        _wait("drained to run", lambda: (_get(kubectl, "-n", ns, "nsj", "drained").get("status") or {})
+              .get("phase") == "Running", 300)
+        time.sleep(5)
+        node_name = _get(kubectl, "-n", ns, "pods", "-l", f"{LABEL_JOB}=drained")["items"][0]["spec"]["nodeName"]
+        t0 = time.monotonic()
+        try:
+            kubectl("drain", node_name, f"--pod-selector={LABEL_JOB}=drained", "--delete-emptydir-data", "--force",
+                    "--ignore-daemonsets", "--timeout=180s")
+        finally:
+            kubectl("uncordon", node_name)
+        print(f"\nE2E drain: the job's pods evicted in {time.monotonic() - t0:.1f}s")
+        status = _finish_without_duplicates(kubectl, "drained", ns)
+        assert status["disruptions"] >= 1 and status["restarts"] == 0, status
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=true", timeout=300)
+
+
+def test_chaos_two_operator_replicas_and_the_leader_killed(operator, tmp_path):
+    """The Deployment scaled to 2: one leads, one waits; the leader killed without a chance to hand the Lease
+    back, the other takes over (after the Lease has sat unchanged 15 s) and the job finishes, no pod
+    duplicated."""
+    kubectl = operator
+    kubectl("-n", OPERATOR_NS, "scale", "deploy/netsense-operator", "--replicas=2")
+    try:
+        kubectl("-n", OPERATOR_NS, "rollout", "status", "deploy/netsense-operator", "--timeout=180s")
+        _apply_job(kubectl, tmp_path, "chaos-ha", **{"training.epochs": 12})
+        _wait("chaos-ha to run", lambda: _phase(kubectl, "chaos-ha") == "Running", 300)
+        def holder() -> str:
+            return _get(kubectl, "-n", OPERATOR_NS, "lease", "netsense-operator")["spec"].get("holderIdentity") or ""
+
+        old = holder()
+        pods = _get(kubectl, "-n", OPERATOR_NS, "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+        assert len(pods) == 2
+        leader = next(p for p in pods if old.startswith(p["metadata"]["name"]))
+        container = leader["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+        from support.node import SOCKET
+
+        t0 = time.monotonic()
+        # SIGKILL from the host, as a crash or an OOM kill: no SIGTERM, so the Lease is not handed back.
+        subprocess.run(["ctr", "--address", SOCKET, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container],
+                       check=True, capture_output=True, timeout=30)
+        new = _wait("another operator to lead", lambda: (h := holder()) and h != old and h, 120)
+        took = time.monotonic() - t0
+        print(f"\nE2E leader SIGKILLed: {new} leads after {took:.1f}s")
+        assert took >= 10, f"{new} took the Lease {took:.1f} s after the kill: before it could have lapsed"
+        status = _finish_without_duplicates(kubectl, "chaos-ha")
+        assert (status["restarts"], status.get("disruptions", 0)) == (0, 0), status
+    finally:
+        kubectl("-n", OPERATOR_NS, "scale", "deploy/netsense-operator", "--replicas=1")
+    kubectl("delete", "nsj", "chaos-ha", "--wait=true")
+
+
+def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(node, operator, tmp_path):
+    """`netsense bench --cluster --parallel 2`: Ctrl-C while two cells run deletes their jobs (no NetSenseJob,
+    no pod left); run again, every cell runs and the same table as a local bench lands; a third run reuses
+    every finished cell and submits nothing."""
+    kubectl = operator
+    grid = {"name": "campaign",
+            "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+                     "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256, "targetAccuracy": 0.8,
+                                  "maxSeconds": "30s", "evalEvery": 5}},
+            "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
+            "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
+    path, out = tmp_path / "campaign.yaml", tmp_path / "campaign"
+    path.write_text(yaml.safe_dump(grid))
+    env = {**os.environ, "KUBECONFIG": node.kubeconfig}
+    argv = [os.path.join(REPO, ".venv", "bin", "netsense"), "bench", str(path), "--cluster", "--parallel", "2",
+            "--out", str(out)]
+
+    def jobs() -> list[dict]:
+        return _get(kubectl, "nsj")["items"]
+
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait("two cells running side by side", lambda: sum(
+            1 for j in jobs() if (j.get("status") or {}).get("phase") == "Running") == 2, 300)
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 130, err[-2000:]
+    _wait("the interrupted cells' jobs and pods gone", lambda: not jobs() and not _get(
+        kubectl, "pods", "-l", LABEL_JOB)["items"], 120)
+
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"\nE2E campaign: 4 cells, 2 at a time, in {time.monotonic() - t0:.0f}s")
+    table = json.loads((out / "table.json").read_text())
+    assert {r["method"] for r in table} == {"allreduce", "topk-0.1"} and all(r["reached"] == "2/2" for r in table)
+    assert (out / "summary.md").exists() and (out / "tta.png").exists()
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stderr.count("reusing the finished result") == 4, again.stderr[-2000:]
+    _wait("every cell's job deleted once its result was read", lambda: not jobs(), 60)

@@ -110,8 +110,8 @@ class Supervised:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(os.path.join(self.log_dir, f"{name}.log"), "w") as log:
+    def _spawn(self, name: str, argv: list[str], append: bool = False) -> subprocess.Popen:
+        with open(os.path.join(self.log_dir, f"{name}.log"), "a" if append else "w") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_die_with_parent)
         self.procs.append(proc)
@@ -211,6 +211,16 @@ class ControlPlane(Supervised):
         }
         with open(path, "w") as fh:
             yaml.safe_dump(cfg, fh)
+
+    def restart_apiserver(self, down_s: float, timeout: float = 120) -> None:
+        """Stop kube-apiserver, leave it down ``down_s`` seconds (etcd keeps the state) and start it again with
+        the same flags: what a control-plane crash or upgrade looks like to every client."""
+        old = next(p for p in self.procs if os.path.basename(p.args[0]) == "kube-apiserver" and p.poll() is None)
+        self._terminate(old)
+        self.procs.remove(old)
+        time.sleep(down_s)
+        self._spawn("kube-apiserver", list(old.args), append=True)
+        self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         ctx = ssl.create_default_context(cafile=f"{self.dir}/ca.crt")

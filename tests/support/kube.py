@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,18 +62,22 @@ class Kube:
                 if e.status != 404:
                     raise
 
-    def requests(self, verb: str, resource: str) -> int:
-        """How many requests of this verb on this resource the API server has answered (its own /metrics)."""
+    def request_counts(self) -> dict[tuple[str, str, str], int]:
+        """(verb, resource, subresource) -> requests the API server has answered (its own /metrics)."""
         method, url, headers, body, _ = self.api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
         response = self.api.call_api(method, url, header_params=headers, body=body)
         response.read()
-        text = response.data.decode()
-        total = 0
-        for line in text.splitlines():
-            if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line \
-                    and f'verb="{verb}"' in line:
-                total += int(float(line.rsplit(" ", 1)[1]))
-        return total
+        counts: dict[tuple[str, str, str], int] = {}
+        for line in response.data.decode().splitlines():
+            if line.startswith("apiserver_request_total{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+                key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+                counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
+    def requests(self, verb: str, resource: str) -> int:
+        """How many requests of this verb on this resource the API server has answered."""
+        return sum(n for (v, r, _), n in self.request_counts().items() if v == verb and r == resource)
 
     def printed(self, name: str, ns: str) -> dict[str, str]:
         """`kubectl get nsj NAME`'s columns for the job (the API server's Table, as kubectl prints it)."""
@@ -134,8 +139,8 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = 
 class OperatorProcess:
     """`netsense operator` as a subprocess with a given kubeconfig."""
 
-    def __init__(self, kubeconfig: str, log_path: str, args: tuple[str, ...] = ()):
-        self.kubeconfig, self.log_path, self.args = kubeconfig, log_path, args
+    def __init__(self, kubeconfig: str, log_path: str, args: tuple[str, ...] = (), env: dict | None = None):
+        self.kubeconfig, self.log_path, self.args, self.env = kubeconfig, log_path, args, env or {}
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_port()  # for its /metrics (operators in tests share the host's network)
 
@@ -145,7 +150,7 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "NETSENSE_RECONCILE_INTERVAL": "0.5",
-               "NETSENSE_METRICS_ADDR": f"127.0.0.1:{self.metrics_port}"}
+               "NETSENSE_METRICS_ADDR": f"127.0.0.1:{self.metrics_port}", **self.env}
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "netsense_operator", *self.args], env=env,
                                      stdout=log, stderr=subprocess.STDOUT)
