@@ -160,7 +160,7 @@ def cmd_bench(args) -> int:
         except ValueError:
             raise SpecError([Issue("--seeds", f"{args.seeds!r} is not a comma-separated list of integers")]) from None
     return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds,
-                     cell_plots=args.cell_plots)
+                     cell_plots=args.cell_plots, parallel=args.parallel)
 
 
 def cmd_clean(args) -> int:
@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", action="store_true",
                    help="submit one NetSenseJob per cell to the current Kubernetes cluster instead")
     s.add_argument("--namespace", dest="k8s_namespace", default="default", help="namespace for --cluster")
+    s.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="with --cluster: N cells (jobs) at once (default 1); Ctrl-C deletes every running cell's "
+                        "job. Locally cells always run one at a time: they share this machine's cores")
     s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
                    "same --out reuses them)")
     s.add_argument("--cell-plots", action="store_true",

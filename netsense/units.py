@@ -71,7 +71,7 @@ def is_bare_number(text: str) -> bool:
 def bare_number_message(kind: str, value: object) -> str:
     """Why a bare number is refused where a unit belongs, and what to write."""
     if kind == "duration":
-        return (f"{value!r} has no unit: write '{value}s' or '{value}ms' (a bare number could mean either: tc "
+        return (f"{value!r} has no unit: write '{value}ms' or '{value}s' (a bare number could mean either: tc "
                 "reads one as milliseconds, most configs as seconds)")
     if kind == "percent":
         return (f"{value!r} has no unit: write '{value}%' for {value} percent (a bare number could be a "

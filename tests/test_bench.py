@@ -561,3 +561,70 @@ def test_the_table_marks_the_hindsight_best_fixed_density():
     md = markdown("t", summarize(results), {"base": {"training": {}}})
     assert "| topk-0.03 (best fixed) |" in md and "| topk-0.01 |" in md and "(best fixed)" not in md.split(
         "| tta |")[1].split("\n")[0]
+
+
+def test_a_cluster_campaign_runs_cells_side_by_side_and_a_resumed_one_runs_only_what_is_missing(tmp_path,
+                                                                                              monkeypatch):
+    from netsense.bench import cells, report
+
+    monkeypatch.setattr(report, "plots", lambda *a: [])
+    lock, live, peak, ran = threading.Lock(), set(), [0], []
+
+    def fake_cluster(cell, namespace, stop=None):
+        with lock:
+            live.add(cell.name)
+            peak[0] = max(peak[0], len(live))
+            ran.append(cell.name)
+        time.sleep(0.3)
+        with lock:
+            live.discard(cell.name)
+        if cell.seed == 2 and cell.method == "allreduce" and fail_once:
+            fail_once.pop()
+            return {"status": "Failed", "reason": "the gang was not all running 600s after its pods were created"}
+        return _r(cell.method, cell.scenario, cell.seed, 1.0 + cell.seed)
+
+    fail_once = [True]
+    monkeypatch.setattr(cells, "run_cluster", fake_cluster)
+    grid, out = {**GRID, "seeds": [0, 1, 2]}, tmp_path / "out"
+    assert run_bench(write(tmp_path, grid), str(out), cluster=True, parallel=3) == 1  # one cell failed
+    assert peak[0] == 3 and len(ran) == 6
+    results = json.loads((out / "summary.json").read_text())
+    assert len(results) == 6 and [r["status"] for r in results].count("Failed") == 1
+    ran.clear()
+    assert run_bench(write(tmp_path, grid), str(out), cluster=True, parallel=3) == 0
+    assert ran == ["allreduce--static-100--s2"], "a resumed campaign runs only the cell that did not succeed"
+    with pytest.raises(SpecError, match="--parallel"):
+        run_bench(write(tmp_path, grid), str(tmp_path / "local"), parallel=2)  # locally: one cell at a time
+
+
+def test_ctrl_c_in_a_cluster_campaign_deletes_every_running_cells_job_and_starts_no_other(tmp_path, monkeypatch):
+    from kubernetes import client
+
+    from netsense import kubeclient
+    from netsense.bench import cells, report
+
+    monkeypatch.setattr(report, "plots", lambda *a: [])
+    monkeypatch.setattr(kubeclient, "load_kube_config", lambda: None)
+    jobs: dict[str, str] = {}  # name -> "running" | "deleted"
+
+    class FakeApi:
+        def create_namespaced_custom_object(self, group, version, ns, plural, body):
+            jobs[body["metadata"]["name"]] = "running"
+
+        def get_namespaced_custom_object(self, group, version, ns, plural, name):
+            if len(jobs) == 2 and all(v == "running" for v in jobs.values()):
+                raise KeyboardInterrupt  # the user's Ctrl-C, once two cells are running
+            return {"status": {"phase": "Running"}}
+
+        def delete_namespaced_custom_object(self, group, version, ns, plural, name, **_):
+            if name not in jobs:
+                raise client.ApiException(status=404)
+            jobs[name] = "deleted"
+
+    monkeypatch.setattr(client, "CustomObjectsApi", FakeApi)
+    real_sleep = time.sleep  # cells.time is the time module itself
+    monkeypatch.setattr(cells.time, "sleep", lambda s: real_sleep(min(s, 0.05)))
+    grid = {**GRID, "seeds": [0, 1, 2]}
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(write(tmp_path, grid), str(tmp_path / "out"), cluster=True, parallel=2)
+    assert len(jobs) == 2 and set(jobs.values()) == {"deleted"}, jobs

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import sys
+import threading
 import time
 
 from netsense.bench.grid import Cell, merge
@@ -28,10 +29,11 @@ PENDING_TIMEOUT_S = 600  # a cell whose pods cannot start fails with their reaso
 
 
 def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0,
-                pending_timeout_s: int = PENDING_TIMEOUT_S) -> dict:
+                pending_timeout_s: int = PENDING_TIMEOUT_S, stop: threading.Event | None = None) -> dict:
     """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result. A gang not all
     running ``pending_timeout_s`` after its pods were created (an image no node has, no room) fails the cell
-    with the pods' own reason (the job's runPolicy.pendingTimeoutSeconds, unless the grid sets one)."""
+    with the pods' own reason (the job's runPolicy.pendingTimeoutSeconds, unless the grid sets one). The job is
+    deleted once it ends, and when interrupted (Ctrl-C here, or ``stop`` set by the bench's main thread)."""
     from kubernetes import client
 
     from netsense.keys import snake_keys
@@ -50,15 +52,27 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
     body["spec"].setdefault("runPolicy", {}).setdefault("pendingTimeoutSeconds", pending_timeout_s)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        status = obj.get("status") or {}
-        if status.get("phase") == "Succeeded":
-            return {**snake_keys(status.get("result") or {}), "status": "Succeeded"}  # result.json's names
-        if status.get("phase") == "Failed":
-            return {"status": "Failed", "reason": status.get("message", "")}
-        time.sleep(poll_s)
-    return {"status": "Failed", "reason": f"not finished after {timeout_s:.0f}s"}
+    result = {"status": "Failed", "reason": f"not finished after {timeout_s:.0f}s"}
+    try:
+        while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            status = obj.get("status") or {}
+            if status.get("phase") == "Succeeded":
+                result = {**snake_keys(status.get("result") or {}), "status": "Succeeded"}  # result.json's names
+                break
+            if status.get("phase") == "Failed":
+                result = {"status": "Failed", "reason": status.get("message", "")}
+                break
+            time.sleep(poll_s)
+    finally:  # done, failed or interrupted: the cell's job goes (its pods with it); the table keeps its result
+        try:
+            api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except client.ApiException as e:
+            if e.status != 404:
+                print(f"netsense: could not delete NetSenseJob {namespace}/{name}: {e.reason}", file=sys.stderr)
+    return result
 
 
 def measure_ceiling(grid: dict, out_dir: str, when: str = "before") -> float | None:
@@ -92,6 +106,13 @@ def previous_result(cell_dir: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return r if r.get("status") == "Succeeded" else None
+
+
+def record_result(cell_dir: str, result: dict) -> None:
+    """A cluster cell's result (its job's status.result) where a local cell's run writes its own."""
+    os.makedirs(cell_dir, exist_ok=True)
+    with open(os.path.join(cell_dir, "result.json"), "w") as fh:
+        json.dump(result, fh, indent=1, default=str)
 
 
 PROVENANCE = "provenance.json"

@@ -6,7 +6,9 @@ import json
 import os
 import random
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from netsense.bench import cells, report
 from netsense.bench.grid import families, load_grid
@@ -15,7 +17,15 @@ from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
-              seeds: list[int] | None = None, cell_plots: bool = False) -> int:
+              seeds: list[int] | None = None, cell_plots: bool = False, parallel: int = 1) -> int:
+    """``parallel``: cells at once (a cluster's jobs side by side; locally always 1, the cells share this
+    machine's cores)."""
+    if parallel < 1 or (parallel > 1 and not cluster):
+        from netsense.spec import SpecError
+        from netsense.spec.schema import Issue
+
+        raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side only on a cluster (--cluster), "
+                               "at least 1")])
     name, todo, grid = load_grid(grid_path, seeds)
     if grid.get("order", "shuffled") == "shuffled":
         # Interleaved: the machine drifts over an hour (10-17% here), and a method whose cells ran in
@@ -29,31 +39,67 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     if grid.get("ceiling") and not cluster:
         ceilings.append(cells.measure_ceiling(grid, out_dir, "before"))
     start = time.monotonic()
-    for i, cell in enumerate(todo):
-        elapsed = time.monotonic() - start
-        eta = elapsed / i * (len(todo) - i) if i else 0
-        print(f"[{i + 1}/{len(todo)}] {cell.method} x {cell.scenario} seed {cell.seed} "
-              f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
+    stop = threading.Event()  # Ctrl-C: a cluster cell deletes its job and returns
+    done: dict[int, dict] = {}
+    lock = threading.Lock()
+
+    def one(i: int, cell) -> None:
+        if stop.is_set():  # interrupted: no cell starts after a Ctrl-C
+            return
+        try:
+            run_one(i, cell)
+        except BaseException:
+            stop.set()  # before this thread can take the next cell
+            raise
+
+    def run_one(i: int, cell) -> None:
+        with lock:
+            elapsed = time.monotonic() - start
+            eta = elapsed / len(done) * (len(todo) - len(done)) if done else 0
+            print(f"[{i + 1}/{len(todo)}] {cell.method} x {cell.scenario} seed {cell.seed} "
+                  f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
         cell_dir = os.path.join(out_dir, cell.name)
-        r = None if cluster else cells.previous_result(cell_dir)
+        r = cells.previous_result(cell_dir)
         if r is not None:
-            print("    (reusing the finished result in this output directory)", file=sys.stderr)
             r.update(cells.previous_provenance(cell_dir))  # the commit that ran it, not this one
+            said = "    (reusing the finished result in this output directory)"
         else:
-            r = cells.run_cluster(cell, namespace) if cluster else cells.run_local(cell, cell_dir, cell_plots)
+            r = cells.run_cluster(cell, namespace, stop=stop) if cluster else cells.run_local(cell, cell_dir, cell_plots)
             r.update(source)
-            if not cluster:
-                cells.record_provenance(cell_dir, source)
+            if cluster and r.get("status") == "Succeeded":  # kept, so that a resumed campaign skips it
+                cells.record_result(cell_dir, r)
+            cells.record_provenance(cell_dir, source)
+            said = ""
         r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
                  timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
         if r.get("timeline") and not os.path.exists(r["timeline"]):
             r["timeline"] = None
-        print(f"    -> {r.get('status')}: TTA {report.fmt(r.get('time_to_accuracy_s'))} s, "
-              f"{report.fmt(r.get('throughput_samples_per_s'), 0)} samples/s, best acc {report.fmt(r.get('best_accuracy'), 3)}"
-              + (f" ({r.get('reason')})" if r.get("reason") else ""), file=sys.stderr, flush=True)
-        results.append(r)
-        with open(os.path.join(out_dir, "summary.json"), "w") as fh:  # partial results survive a Ctrl-C
-            json.dump(results, fh, indent=1, default=str)
+        with lock:
+            done[i] = r
+            print((said + "\n" if said else "") + f"    -> {cell.name}: {r.get('status')}: TTA "
+                  f"{report.fmt(r.get('time_to_accuracy_s'))} s, {report.fmt(r.get('throughput_samples_per_s'), 0)} "
+                  f"samples/s, best acc {report.fmt(r.get('best_accuracy'), 3)}"
+                  + (f" ({r.get('reason')})" if r.get("reason") else ""), file=sys.stderr, flush=True)
+            results[:] = [done[k] for k in sorted(done)]
+            with open(os.path.join(out_dir, "summary.json"), "w") as fh:  # partial results survive a Ctrl-C
+                json.dump(results, fh, indent=1, default=str)
+
+    if parallel == 1:
+        for i, cell in enumerate(todo):
+            one(i, cell)
+    else:
+        pool = ThreadPoolExecutor(max_workers=parallel)
+        futures = [pool.submit(one, i, cell) for i, cell in enumerate(todo)]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:  # Ctrl-C: every running cell deletes its job; none starts
+            stop.set()
+            for f in futures:
+                f.cancel()
+            pool.shutdown(wait=True)
+            raise
+        pool.shutdown()
     if ceilings:
         ceilings.append(cells.measure_ceiling(grid, out_dir, "after"))
     measured = [c for c in ceilings if c]
