@@ -401,8 +401,9 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
     kubectl = operator
     grid = {"name": "campaign",
             "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+                     # Cells that train their whole 20 s (no stop at the target): long enough to be caught running.
                      "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256, "targetAccuracy": 0.8,
-                                  "maxSeconds": "30s", "evalEvery": 5}},
+                                  "stopAtTarget": False, "maxSeconds": "20s", "evalEvery": 5}},
             "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
             "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
     path, out = tmp_path / "campaign.yaml", tmp_path / "campaign"
@@ -414,7 +415,8 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
     def jobs() -> list[dict]:
         return _get(kubectl, "nsj")["items"]
 
-    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's
     try:
         _wait("two cells running side by side", lambda: sum(
             1 for j in jobs() if (j.get("status") or {}).get("phase") == "Running") == 2, 300)
