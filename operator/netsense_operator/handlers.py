@@ -598,16 +598,16 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             finish(st.FAILED, verdict.reason, verdict.message, pods)
         return
     blocked = None  # why the gang's missing pods are not created this pass
-    if missing and not predecessors and attempt > 0 and _swept.get(uid) != attempt:
+    left = len(predecessors) if missing else 0  # earlier attempts' pods still there
+    if missing and not left and attempt > 0 and _swept.get(uid) != attempt:
         # The previous attempt's pods by name, once: some may be too new for the watch to have shown them.
-        if _delete_gang(job, namespace, attempt - 1, uid):
-            predecessors = [{"metadata": {"name": res.pod_name(job.name, attempt - 1, 0)}}]
-        else:
+        left = _delete_gang(job, namespace, attempt - 1, uid)
+        if not left:
             _swept[uid] = attempt
-    if missing and predecessors:
+    if left:
         # The earlier attempt's pods must be gone first: its rank 0 would still answer the rendezvous Service
         # (published before it is ready), and a quota sized for one gang has no room for two.
-        blocked = ("Predecessors", f"waiting for {len(predecessors)} pod(s) of an earlier attempt to terminate")
+        blocked = ("Predecessors", f"waiting for {left} pod(s) of an earlier attempt to terminate")
     else:
         try:
             # What the gang needs to start, made once an attempt (a pass costs no request once it is there).
