@@ -90,3 +90,11 @@ def ns(kube):
     name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
     yield name
     kube.delete_jobs(name)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the item (item.rep_setup, rep_call), for fixtures that explain a failure."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -12,6 +12,7 @@ What each test guards, in the words of a user:
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -236,3 +237,32 @@ def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles
         operator.start()
     assert second.proc.returncode == 0
     wait_for(lambda: holder() == identity(operator), timeout=20, what="the session's operator leading again")
+
+
+@pytest.mark.parametrize("message, reason", [
+    # What kube-apiserver's ServiceAccount admission says in a namespace made a moment ago (a namespace and a job
+    # applied from one file): the controller-manager makes `default` within seconds.
+    ('pods "j-a0-w0" is forbidden: error looking up service account fresh/default: serviceaccount "default" not '
+     'found', "ServiceAccountMissing"),
+    ('pods "j-a0-w0" is forbidden: exceeded quota: one-gang, requested: pods=1, used: pods=2, limited: pods=2',
+     "QuotaExceeded"),
+    ('pods "j-a0-w0" is forbidden: status unknown for quota: one-gang, resource: pods', "QuotaExceeded"),
+])
+def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, reason):
+    """A 403 that time resolves is a wait with the reason (the job stays Pending, PodsReady says why), never the
+    AdmissionRefused failure a Pod Security refusal is."""
+    from kubernetes.client import ApiException
+    from netsense_operator import handlers
+
+    def forbidden(namespace, body):
+        e = ApiException(status=403, reason="Forbidden")
+        e.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "message": message})
+        raise e
+
+    def unreachable(*a, **k):
+        raise AssertionError("nothing was created, so there is nothing to read or delete")
+
+    monkeypatch.setattr(handlers, "_calls", lambda kind: (forbidden, unreachable, unreachable))
+    with pytest.raises(handlers.AdmissionWait) as e:
+        handlers._create("Pod", {"metadata": {"name": "j-a0-w0"}}, "fresh", "uid")
+    assert e.value.reason == reason and message in str(e.value)

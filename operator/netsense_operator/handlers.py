@@ -112,9 +112,16 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
         metrics.serve(addr)
 
 
-class QuotaWait(Exception):
-    """A ResourceQuota has no room for the object now: the job waits (a restart's predecessors may still hold it,
-    or other jobs), it does not fail."""
+class AdmissionWait(Exception):
+    """The API server cannot admit the object yet, for a reason that passes on its own: the job waits, it does
+    not fail. QuotaExceeded: a ResourceQuota has no room now (a restart's predecessors may still hold it, or
+    other jobs), or the quota controller has not counted a new quota yet. ServiceAccountMissing: the namespace
+    is new and its controller has not made the `default` ServiceAccount yet (a namespace and a job applied from
+    one file)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class Refused(Exception):
@@ -166,7 +173,10 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
         message = _api_message(e)
         # A full quota, or one the quota controller has not counted yet (just created): wait, not fail.
         if e.status == 403 and ("exceeded quota" in message or "status unknown for quota" in message):
-            raise QuotaWait(f"{kind} {name}: {message}") from e
+            raise AdmissionWait("QuotaExceeded", f"{kind} {name}: {message}") from e
+        # A namespace made a moment ago: its `default` ServiceAccount comes from a controller, soon.
+        if e.status == 403 and "error looking up service account" in message:
+            raise AdmissionWait("ServiceAccountMissing", f"{kind} {name}: {message}") from e
         if e.status in (400, 422) or (e.status == 403 and "cannot create resource" not in message):
             raise Refused("AdmissionRefused", f"the API server refused {kind} {name}: {message}") from e
         if e.status != 409:  # our own permissions (403), a server in trouble: try again
@@ -330,8 +340,8 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         _fail_early(patch, body, e.reason, str(e))
         _delete_gang(job, namespace, 0, uid)  # a partial gang holds resources for nothing
         return
-    except QuotaWait as e:  # the reconcile passes create the rest once the quota has room
-        conditions = st.set_condition(None, "PodsReady", "False", "QuotaExceeded", str(e))
+    except AdmissionWait as e:  # the reconcile passes create the rest once it can be admitted
+        conditions = st.set_condition(None, "PodsReady", "False", e.reason, str(e))
     patch.status.update(
         gangCreatedAt=st.now_iso(),
         phase=st.PENDING, attempt=0, restarts=0, disruptions=0, startTime=st.now_iso(),
@@ -622,8 +632,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             _delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
             finish(st.FAILED, e.reason, str(e), [])
             return
-        except QuotaWait as e:
-            blocked = ("QuotaExceeded", str(e))
+        except AdmissionWait as e:
+            blocked = (e.reason, str(e))
     waiting = ""
     if blocked:
         waiting = blocked[1]
