@@ -160,7 +160,8 @@ def cmd_bench(args) -> int:
         except ValueError:
             raise SpecError([Issue("--seeds", f"{args.seeds!r} is not a comma-separated list of integers")]) from None
     return run_bench(args.grid, args.out, cluster=args.cluster, namespace=args.k8s_namespace, seeds=seeds,
-                     cell_plots=args.cell_plots, parallel=args.parallel)
+                     cell_plots=args.cell_plots, parallel=args.parallel, output_claim=args.output_claim,
+                     reader_image=args.reader_image)
 
 
 def cmd_clean(args) -> int:
@@ -220,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "job. Locally cells always run one at a time: they share this machine's cores")
     s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
                    "same --out reuses them)")
+    s.add_argument("--output-claim", metavar="CLAIM",
+                   help="--cluster: a PersistentVolumeClaim in --namespace where every cell's ranks leave their "
+                        "timeline, result and queue samples (spec.output); the bench reads them back into each "
+                        "cell's directory through a reader pod, so the report has the plots a local bench has")
+    s.add_argument("--reader-image", metavar="IMAGE",
+                   help="--output-claim: the reader pod's image (needs sh, tar, base64; default: the grid's "
+                        "spec.image, else the operator's NETSENSE_WORKER_IMAGE)")
     s.add_argument("--cell-plots", action="store_true",
                    help="also draw each cell's timeline.png (about a second of CPU a cell; the bench's own "
                         "plots come from the cells' timeline.csv either way)")

@@ -24,7 +24,9 @@ CONTAINERS = (TRAINER, SHAPER)
 # The variables `netsense worker` reads (netsense.train.trainer), written by both backends.
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")  # torch's env://
 JOB_FILE_ENV = "NETSENSE_JOB_FILE"  # the job (job.json): a file, as a trace can outgrow one variable
-OUT_DIR_ENV = "NETSENSE_OUT"  # where the worker writes timeline and result (local runs)
+OUT_DIR_ENV = "NETSENSE_OUT"  # where the worker writes timeline and result (local runs; spec.output on a cluster)
+OUTPUT_URI_ENV = "NETSENSE_OUTPUT_URI"  # pvc://<claim>/<the attempt's directory>: result["artifacts"]
+QUEUE_CSV_ENV = "NETSENSE_QUEUE_CSV"  # the shaper's queue samples (read-only here): copied into the output
 RESULT_PATH_ENV = "NETSENSE_RESULT_PATH"  # rank 0's result.json, also here (a pod's termination message)
 PROFILE_START_ENV = "NETSENSE_PROFILE_START_FILE"  # rank 0 writes the training clock's start there
 QUEUE_SUMMARY_ENV = "NETSENSE_QUEUE_SUMMARY"  # the shaper's queue summary, for rank 0's result

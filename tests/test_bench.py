@@ -570,7 +570,7 @@ def test_a_cluster_campaign_runs_cells_side_by_side_and_a_resumed_one_runs_only_
     monkeypatch.setattr(report, "plots", lambda *a: [])
     lock, live, peak, ran = threading.Lock(), set(), [0], []
 
-    def fake_cluster(cell, namespace, stop=None):
+    def fake_cluster(cell, namespace, stop=None, output=None):
         with lock:
             live.add(cell.name)
             peak[0] = max(peak[0], len(live))

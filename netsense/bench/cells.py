@@ -29,11 +29,13 @@ PENDING_TIMEOUT_S = 600  # a cell whose pods cannot start fails with their reaso
 
 
 def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: float = 2.0,
-                pending_timeout_s: int = PENDING_TIMEOUT_S, stop: threading.Event | None = None) -> dict:
+                pending_timeout_s: int = PENDING_TIMEOUT_S, stop: threading.Event | None = None,
+                output: dict | None = None) -> dict:
     """Submit the cell as a NetSenseJob, wait for Succeeded/Failed, return status.result. A gang not all
     running ``pending_timeout_s`` after its pods were created (an image no node has, no room) fails the cell
     with the pods' own reason (the job's runPolicy.pendingTimeoutSeconds, unless the grid sets one). The job is
-    deleted once it ends, and when interrupted (Ctrl-C here, or ``stop`` set by the bench's main thread)."""
+    deleted once it ends, and when interrupted (Ctrl-C here, or ``stop`` set by the bench's main thread).
+    ``output``: the job's spec.output (where its ranks leave their artifacts)."""
     from kubernetes import client
 
     from netsense.keys import snake_keys
@@ -50,6 +52,8 @@ def run_cluster(cell: Cell, namespace: str, timeout_s: float = 7200, poll_s: flo
             raise
     body = copy.deepcopy(cell.job)
     body["spec"].setdefault("runPolicy", {}).setdefault("pendingTimeoutSeconds", pending_timeout_s)
+    if output:
+        body["spec"]["output"] = output
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     deadline = time.monotonic() + timeout_s
     result = {"status": "Failed", "reason": f"not finished after {timeout_s:.0f}s"}

@@ -17,15 +17,20 @@ from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
-              seeds: list[int] | None = None, cell_plots: bool = False, parallel: int = 1) -> int:
+              seeds: list[int] | None = None, cell_plots: bool = False, parallel: int = 1,
+              output_claim: str | None = None, reader_image: str | None = None) -> int:
     """``parallel``: cells at once (a cluster's jobs side by side; locally always 1, the cells share this
-    machine's cores)."""
-    if parallel < 1 or (parallel > 1 and not cluster):
-        from netsense.spec import SpecError
-        from netsense.spec.schema import Issue
+    machine's cores). ``output_claim``: a PersistentVolumeClaim every cluster cell writes its artifacts to, read
+    back into the cell's directory (netsense.bench.artifacts)."""
+    from netsense.spec import SpecError
+    from netsense.spec.schema import Issue
 
+    if parallel < 1 or (parallel > 1 and not cluster):
         raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side only on a cluster (--cluster), "
                                "at least 1")])
+    if output_claim and not cluster:
+        raise SpecError([Issue("--output-claim", "a volume for cluster cells (--cluster); a local cell writes its "
+                               "own directory")])
     name, todo, grid = load_grid(grid_path, seeds)
     if grid.get("order", "shuffled") == "shuffled":
         # Interleaved: the machine drifts over an hour (10-17% here), and a method whose cells ran in
@@ -40,6 +45,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         ceilings.append(cells.measure_ceiling(grid, out_dir, "before"))
     start = time.monotonic()
     stop = threading.Event()  # Ctrl-C: a cluster cell deletes its job and returns
+    volume = Volume(namespace, output_claim, reader_image, grid, name) if output_claim else None
     done: dict[int, dict] = {}
     lock = threading.Lock()
 
@@ -64,14 +70,19 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             r.update(cells.previous_provenance(cell_dir))  # the commit that ran it, not this one
             said = "    (reusing the finished result in this output directory)"
         else:
-            r = cells.run_cluster(cell, namespace, stop=stop) if cluster else cells.run_local(cell, cell_dir, cell_plots)
+            if cluster:
+                r = cells.run_cluster(cell, namespace, stop=stop, output=volume.output(cell) if volume else None)
+                if volume and not stop.is_set():
+                    volume.collect(cell, cell_dir, r, cell_plots)
+            else:
+                r = cells.run_local(cell, cell_dir, cell_plots)
             r.update(source)
             if cluster and r.get("status") == "Succeeded":  # kept, so that a resumed campaign skips it
                 cells.record_result(cell_dir, r)
             cells.record_provenance(cell_dir, source)
             said = ""
         r.update(scenario=cell.scenario, method_label=cell.method, seed=cell.seed,
-                 timeline=None if cluster else os.path.join(cell_dir, "timeline.csv"))
+                 timeline=os.path.join(cell_dir, "timeline.csv"))
         if r.get("timeline") and not os.path.exists(r["timeline"]):
             r["timeline"] = None
         with lock:
@@ -84,22 +95,11 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             with open(os.path.join(out_dir, "summary.json"), "w") as fh:  # partial results survive a Ctrl-C
                 json.dump(results, fh, indent=1, default=str)
 
-    if parallel == 1:
-        for i, cell in enumerate(todo):
-            one(i, cell)
-    else:
-        pool = ThreadPoolExecutor(max_workers=parallel)
-        futures = [pool.submit(one, i, cell) for i, cell in enumerate(todo)]
-        try:
-            for f in futures:
-                f.result()
-        except BaseException:  # Ctrl-C: every running cell deletes its job; none starts
-            stop.set()
-            for f in futures:
-                f.cancel()
-            pool.shutdown(wait=True)
-            raise
-        pool.shutdown()
+    try:
+        _run_cells(todo, one, parallel, stop)
+    finally:
+        if volume:
+            volume.close()
     if ceilings:
         ceilings.append(cells.measure_ceiling(grid, out_dir, "after"))
     measured = [c for c in ceilings if c]
@@ -128,3 +128,72 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     print(f"netsense: wrote {out_dir}/summary.json, summary.md" + "".join(f", {os.path.basename(p)}" for p in made),
           file=sys.stderr)
     return 0 if all(r.get("status") == "Succeeded" for r in results) else 1
+
+
+def _run_cells(todo: list, one, parallel: int, stop: threading.Event) -> None:
+    """``one(i, cell)`` for every cell, ``parallel`` at once; on Ctrl-C every running cell deletes its job and
+    none starts."""
+    if parallel == 1:
+        for i, cell in enumerate(todo):
+            one(i, cell)
+        return
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    futures = [pool.submit(one, i, cell) for i, cell in enumerate(todo)]
+    try:
+        for f in futures:
+            f.result()
+    except BaseException:
+        stop.set()
+        for f in futures:
+            f.cancel()
+        pool.shutdown(wait=True)
+        raise
+    pool.shutdown()
+
+
+class Volume:
+    """--output-claim: where each cluster cell writes (a path of this run's own on the claim, so that a cell run
+    again never mixes with what an earlier run left) and how its files come back (one reader pod, started at the
+    first cell that needs it)."""
+
+    def __init__(self, namespace: str, claim: str, image: str | None, grid: dict, campaign: str):
+        self.namespace, self.claim, self.image, self.grid, self.campaign = namespace, claim, image, grid, campaign
+        self.path = f"netsense-bench/{campaign}/{time.strftime('%Y%m%d-%H%M%S')}"
+        self.reader = None
+        self.lock = threading.Lock()
+
+    def output(self, cell) -> dict:
+        return {"claimName": self.claim, "path": self.path}
+
+    def collect(self, cell, cell_dir: str, result: dict, plot: bool) -> None:
+        """The cell's files into cell_dir (netsense.bench.artifacts.lay_out); a cell whose files cannot be read
+        keeps its result and says why."""
+        from netsense.bench import artifacts
+
+        job = cell.job["metadata"]["name"]
+        try:
+            with self.lock:
+                if self.reader is None:
+                    image = self.image or artifacts.reader_image(self.namespace, self.grid.get("base") or {})
+                    reader = artifacts.VolumeReader(self.namespace, self.claim, image, self.campaign)
+                    reader.start()
+                    self.reader = reader
+            files = self.reader.fetch(f"{self.path}/{job}", os.path.join(cell_dir, "artifacts"))
+        except artifacts.ArtifactsError as e:
+            result["artifacts_error"] = str(e)
+            print(f"    netsense: {cell.name}: {e}", file=sys.stderr, flush=True)
+            return
+        result["artifacts"] = f"pvc://{self.claim}/{self.path}/{job}"
+        timeline = artifacts.lay_out(cell_dir)
+        if plot and timeline:
+            from netsense.emulation.bottleneck import queue_samples
+            from netsense.train.results import plot as plot_timeline
+
+            with self.lock:  # matplotlib is not thread-safe (its parsers share state): one cell's plot at a time
+                plot_timeline(timeline, os.path.join(cell_dir, "timeline.png"), cell.name,
+                              queue=queue_samples(cell_dir), result=result)
+        print(f"    {cell.name}: {len(files)} files from {result['artifacts']}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()

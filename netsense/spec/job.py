@@ -45,6 +45,7 @@ MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
 SIGNAL_MODELS = ("mlp", "cnn1d")  # what takes MNIST-1D's 1-D signals (the others take images)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 # ---- bandwidth profiles ------------------------------------------------------------
@@ -338,6 +339,26 @@ RUN_POLICY = Obj({
                         default=False),
 })
 
+# A relative directory that stays inside the volume: no segment is "." or ".." (RE2 has no lookahead, so the
+# apiserver's copy of the pattern spells that out: a segment starts with a non-dot, or one dot and a non-dot, or
+# two dots and more).
+_SEGMENT = r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*|\.[A-Za-z0-9_-][A-Za-z0-9._-]*|\.\.[A-Za-z0-9._-]+)"
+OUTPUT_PATH = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
+
+OUTPUT = Obj({
+    "claimName": F(Str(pattern=DNS_SUBDOMAIN, max_length=253,
+                       pattern_hint="a PersistentVolumeClaim's name: lower-case letters, digits, '-' and '.'",
+                       doc="a PersistentVolumeClaim in the job's namespace (ReadWriteMany where ranks run on several "
+                           "nodes)"), required=True),
+    "path": F(Str(pattern=OUTPUT_PATH, max_length=512,
+                  pattern_hint="a relative directory inside the volume: names of letters, digits, '.', '_' and '-' "
+                               "joined by '/', none of them '.' or '..'",
+                  doc="a directory on the volume (default: its root)")),
+}, doc="cluster: the volume every rank writes its artifacts to, under <path>/<job>/attempt-<n>/rank-<r>/: rank 0 "
+       "its timeline.csv and result.json, every shaped rank its link's queue samples (queue.csv); netsense run "
+       "keeps its own output directory and ignores this")
+
+
 SPEC = Obj({
     "workers": F(Int(min=1, max=512), default=2),
     "suspend": F(Bool(doc="cluster: true creates no pods (and deletes a running gang: phase Suspended), so a "
@@ -352,6 +373,7 @@ SPEC = Obj({
     "compression": F(COMPRESSION, default=dict),
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
+    "output": F(OUTPUT),
 }, checks=[podtemplate.check_shaped], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({

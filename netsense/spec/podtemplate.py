@@ -48,7 +48,7 @@ from netsense.spec.schema import (
 )
 
 OWNED_LABEL_PREFIX = "netsense.dev/"
-OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp")
+OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp", "netsense-output")
 # Annotations that loosen a container's confinement or give the pod another network (which the shaper does not
 # see), and the CNI bandwidth plugin's, which would shape the pod a second time.
 REFUSED_ANNOTATIONS = {

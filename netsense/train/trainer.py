@@ -6,7 +6,9 @@ NETSENSE_JOB_FILE (the NetSenseJob as a JSON file: a trace profile can be far
 larger than the 128 KiB one environment variable may hold), NETSENSE_PROFILE_START_FILE (where this
 rank publishes its training clock for its shaper: the profile runs on the clock
 that time to accuracy is measured on, see netsense.shaping.shaper), NETSENSE_OUT
-(directory for result.json and timeline.csv, rank 0), NETSENSE_RESULT_PATH (the
+(directory for result.json and timeline.csv, rank 0; on a cluster with spec.output, each rank's own directory
+on the job's volume), NETSENSE_QUEUE_CSV (this pod's shaper's queue samples, copied there at the end),
+NETSENSE_OUTPUT_URI (where the attempt's artifacts are: the result's "artifacts"), NETSENSE_RESULT_PATH (the
 compact result, e.g. the pod's termination message), NETSENSE_QUEUE_SUMMARY
 (where this pod's shaper keeps its queue's summary: rank 0's result carries it) and
 NETSENSE_TIMEOUT (collective timeout in seconds: a dead peer ends the run, never
@@ -402,6 +404,7 @@ def worker_main() -> int:
     except Exception as e:  # report one line, then fail the pod / process
         print(f"netsense worker rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         _write_termination(f"rank {rank}: {type(e).__name__}: {e}"[:4000])
+        _keep_artifacts(trainer, rank)  # what it had, for the post-mortem
         return 1
     finally:
         if dist.is_initialized():
@@ -413,14 +416,40 @@ def worker_main() -> int:
         summary = os.environ.get(gang.QUEUE_SUMMARY_ENV)  # on a cluster: this pod's shaped link(s)
         if summary and (links := read_summary(summary)):
             result["bottleneck"] = {"links": links}
-        out = os.environ.get(gang.OUT_DIR_ENV)
-        if out:
-            os.makedirs(out, exist_ok=True)
-            trainer.timeline.write_csv(os.path.join(out, "timeline.csv"))
-            write_result(out, result)
+        if os.environ.get(gang.OUTPUT_URI_ENV):
+            result["artifacts"] = os.environ[gang.OUTPUT_URI_ENV]
+    _keep_artifacts(trainer, rank, result if rank == 0 else None)
+    if rank == 0:
         _write_termination(compact({k: v for k, v in result.items() if k != "accuracy_curve"}))
         emit("result", **result)
     return 0
+
+
+def _keep_artifacts(trainer: Trainer, rank: int, result: dict | None = None) -> None:
+    """Into NETSENSE_OUT: rank 0's timeline (and its result, when it has one); on a cluster with spec.output, where
+    each rank has a directory of its own, every rank's copy of its shaper's queue samples. A volume that cannot be
+    written costs the artifacts, never the run: said on stderr."""
+    out = os.environ.get(gang.OUT_DIR_ENV)
+    if not out:
+        return
+    try:
+        os.makedirs(out, exist_ok=True)
+        if rank == 0:
+            trainer.timeline.write_csv(os.path.join(out, "timeline.csv"))
+            if result is not None:
+                write_result(out, result)
+        if queue := os.environ.get(gang.QUEUE_CSV_ENV):
+            copy_complete_lines(queue, os.path.join(out, "queue.csv"))
+    except OSError as e:
+        print(f"netsense worker rank {rank}: could not write the artifacts to {out}: {e}", file=sys.stderr, flush=True)
+
+
+def copy_complete_lines(src: str, dst: str) -> None:
+    """``src`` as far as its last newline (the shaper may be writing a row at this moment)."""
+    with open(src, "rb") as fh:
+        data = fh.read()
+    with open(dst, "wb") as fh:
+        fh.write(data[: data.rfind(b"\n") + 1])
 
 
 def _write_termination(text: str) -> None:

@@ -21,10 +21,14 @@ NetSenseJob (garbage-collected with it).
 from __future__ import annotations
 
 import json
+import os
 
 from netsense.gang import (
     MASTER_PORT,
+    OUT_DIR_ENV,
+    OUTPUT_URI_ENV,
     PROFILE_START_ENV,
+    QUEUE_CSV_ENV,
     QUEUE_SUMMARY_ENV,
     RESULT_PATH_ENV,
     SHAPER,
@@ -50,6 +54,13 @@ RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 # The shaper's root filesystem is read-only: what it writes (the ready file, the queue samples) goes to a /tmp of
 # its own, and a link the trainer plants in the shared volume cannot point a root write into the image.
 SHAPER_TMP = {"name": "netsense-shaper-tmp", "mountPath": "/tmp"}
+# The trainer sees the shaper's /tmp read-only (so it can plant nothing there) to copy the queue samples into the
+# job's output volume at its end: the shaper, root, never writes to a volume the job chose.
+LINK_DIR = "/run/netsense-link"
+TRAINER_LINK = {"name": SHAPER_TMP["name"], "mountPath": LINK_DIR, "readOnly": True}
+# spec.output: the job's PersistentVolumeClaim, written by the trainer (the pod's fsGroup makes it writable where
+# the volume's driver applies fsGroup); each rank under <path>/<job>/attempt-<n>/rank-<r>/.
+OUTPUT_MOUNT = {"name": "netsense-output", "mountPath": "/netsense-output"}
 # The job itself (job.json) and its profile (profile.json) reach the pods through a ConfigMap: a trace
 # profile of a few thousand points outgrows the 128 KiB that one argument or variable may hold (E2BIG).
 JOB_DIR = "/etc/netsense"
@@ -156,6 +167,13 @@ def _shaper(job: Job, image: str) -> dict:
     }
 
 
+def output_dir(job: Job, attempt: int, rank: int, root: str = "") -> str:
+    """Where rank ``rank`` of ``attempt`` writes on the job's output volume (relative to the volume without
+    ``root``): <path>/<job>/attempt-<n>/rank-<r>."""
+    path = (job.spec.get("output") or {}).get("path")
+    return "/".join(p for p in (root, path, job.name, f"attempt-{attempt}", f"rank-{rank}") if p)
+
+
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE,
                worker_image: str = DEFAULT_IMAGE) -> dict:
     """Rank ``rank``'s pod of ``attempt``; the trainer runs the job's image, else ``worker_image`` (the
@@ -166,6 +184,12 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
              "HOME": "/tmp"}  # a non-root user's caches (torch, the native kernels) need somewhere to go
     if shaped:
         extra.update({PROFILE_START_ENV: START_FILE, QUEUE_SUMMARY_ENV: QUEUE_SUMMARY})
+    output = job.spec.get("output")
+    if output:
+        extra[OUT_DIR_ENV] = output_dir(job, attempt, rank, OUTPUT_MOUNT["mountPath"])
+        extra[OUTPUT_URI_ENV] = f"pvc://{output['claimName']}/{output_dir(job, attempt, rank).rpartition('/')[0]}"
+        if shaped:
+            extra[QUEUE_CSV_ENV] = f"{LINK_DIR}/{os.path.basename(QUEUE_CSV)}"
     env = worker_env(job, rank, f"{service_name(job.name)}.{namespace}.svc", f"{JOB_DIR}/job.json",
                      net["interface"] if shaped else None, extra)
     trainer = {
@@ -204,6 +228,13 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         trainer["volumeMounts"].append(RUN_VOLUME)
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
         spec["volumes"].append({"name": SHAPER_TMP["name"], "emptyDir": {}})  # queue samples: ~20 MB an hour
+    if output:
+        trainer["volumeMounts"].append(OUTPUT_MOUNT)
+        if shaped:
+            trainer["volumeMounts"].append(TRAINER_LINK)
+        spec["volumes"].append({"name": OUTPUT_MOUNT["name"],
+                                "persistentVolumeClaim": {"claimName": output["claimName"]}})
+        spec["securityContext"].update(fsGroup=TRAINER_UID, fsGroupChangePolicy="OnRootMismatch")
     return _kueue_group(podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,

@@ -182,6 +182,57 @@ def test_quick_sample_runs_as_real_pods(operator):
     kubectl("delete", "-f", SAMPLE, "--wait=true")
 
 
+def _volume(host_dir, name: str) -> list[dict]:
+    """A PersistentVolume on a directory of this node and its claim in "default" (world-writable: hostPath has
+    no fsGroup)."""
+    host_dir.mkdir()
+    host_dir.chmod(0o777)
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(host_dir), "type": "Directory"},
+                  "claimRef": {"namespace": "default", "name": name}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": name,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
+
+
+def test_every_rank_leaves_its_artifacts_on_the_jobs_volume(operator, tmp_path):
+    """spec.output names a claim (here a hostPath volume on this node, world-writable: hostPath has no fsGroup):
+    rank 0 leaves its timeline and result, each rank its link's queue samples, under <path>/<job>/attempt-0/, and
+    status.result says where."""
+    kubectl = operator
+    host_dir = tmp_path / "volume"
+    volume = _volume(host_dir, "e2e-output")
+    (tmp_path / "volume.yaml").write_text(yaml.safe_dump_all(volume))
+    try:
+        kubectl("apply", "-f", str(tmp_path / "volume.yaml"))
+        _apply_job(kubectl, tmp_path, "kept", **{"training.epochs": 2, "output": {"claimName": "e2e-output",
+                                                                                 "path": "campaign/one"}})
+        assert _wait("kept to finish", lambda: _phase(kubectl, "kept") in ("Succeeded", "Failed") and
+                     _phase(kubectl, "kept"), 600, every=2) == "Succeeded", _job(kubectl, "kept").get("status")
+        result = _job(kubectl, "kept")["status"]["result"]
+        assert result["artifacts"] == "pvc://e2e-output/campaign/one/kept/attempt-0", result
+        attempt = host_dir / "campaign" / "one" / "kept" / "attempt-0"
+        found = sorted(str(p.relative_to(attempt)) for p in attempt.rglob("*") if p.is_file())
+        assert found == ["rank-0/queue.csv", "rank-0/result.json", "rank-0/timeline.csv", "rank-1/queue.csv"], found
+        kept = json.loads((attempt / "rank-0" / "result.json").read_text())
+        assert kept["best_accuracy"] == pytest.approx(result["bestAccuracy"], abs=1e-3)
+        from netsense.train.results import read_timeline
+
+        steps = read_timeline(str(attempt / "rank-0" / "timeline.csv"))
+        assert len(steps) == kept["steps"], (len(steps), kept["steps"])
+        for rank in (0, 1):
+            rows = (attempt / f"rank-{rank}" / "queue.csv").read_text().splitlines()
+            assert rows[0].startswith("t,dev,") and len(rows) > 10 and all(r.count(",") == 7 for r in rows), rows[:3]
+        print(f"\nE2E artifacts: {len(found)} files, {len(steps)} timeline rows, "
+              f"{sum(p.stat().st_size for p in attempt.rglob('*') if p.is_file()) / 1e3:.0f} kB")
+    finally:
+        kubectl("delete", "nsj", "kept", "--ignore-not-found", "--wait=true")
+        kubectl("delete", "--ignore-not-found", "--wait=true", "-f", str(tmp_path / "volume.yaml"))
+
+
 def test_bad_image_is_a_condition_not_a_silent_pending(operator, tmp_path):
     kubectl = operator
     _apply_job(kubectl, tmp_path, "bad-image", image="netsense/does-not-exist:dev")
@@ -463,10 +514,11 @@ def test_chaos_two_operator_replicas_and_the_leader_killed(operator, tmp_path):
     kubectl("delete", "nsj", "chaos-ha", "--wait=true")
 
 
-def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(node, operator, tmp_path):
-    """`netsense bench --cluster --parallel 2`: Ctrl-C while two cells run deletes their jobs (no NetSenseJob,
-    no pod left); run again, every cell runs and the same table as a local bench lands; a third run reuses
-    every finished cell and submits nothing."""
+def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(node, operator, tmp_path, request):
+    """`netsense bench --cluster --parallel 2 --output-claim`: Ctrl-C while two cells run deletes their jobs (no
+    NetSenseJob, no pod left, no reader pod); run again, every cell runs, its ranks' files come back from the
+    volume, and the same table and plots as a local bench land; a third run reuses every finished cell and
+    submits nothing."""
     kubectl = operator
     grid = {"name": "campaign",
             "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
@@ -477,9 +529,13 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
             "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
     path, out = tmp_path / "campaign.yaml", tmp_path / "campaign"
     path.write_text(yaml.safe_dump(grid))
+    (tmp_path / "volume.yaml").write_text(yaml.safe_dump_all(_volume(tmp_path / "volume", "campaign-output")))
+    kubectl("apply", "-f", str(tmp_path / "volume.yaml"))
+    request.addfinalizer(lambda: kubectl("delete", "--ignore-not-found", "--wait=true", "-f",
+                                         str(tmp_path / "volume.yaml")))
     env = {**os.environ, "KUBECONFIG": node.kubeconfig}
     argv = [os.path.join(REPO, ".venv", "bin", "netsense"), "bench", str(path), "--cluster", "--parallel", "2",
-            "--out", str(out)]
+            "--out", str(out), "--output-claim", "campaign-output", "--cell-plots"]
 
     def jobs() -> list[dict]:
         return _get(kubectl, "nsj")["items"]
@@ -495,8 +551,9 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
         if bench.poll() is None:
             bench.kill()
     assert bench.returncode == 130, err[-2000:]
-    _wait("the interrupted cells' jobs and pods gone", lambda: not jobs() and not _get(
-        kubectl, "pods", "-l", LABEL_JOB)["items"], 120)
+    _wait("the interrupted cells' jobs and pods gone, and the reader", lambda: not jobs() and not _get(
+        kubectl, "pods", "-l", LABEL_JOB)["items"] and not _get(
+        kubectl, "pods", "-l", "app.kubernetes.io/component=bench-reader")["items"], 120)
 
     t0 = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
@@ -504,7 +561,18 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
     print(f"\nE2E campaign: 4 cells, 2 at a time, in {time.monotonic() - t0:.0f}s")
     table = json.loads((out / "table.json").read_text())
     assert {r["method"] for r in table} == {"allreduce", "topk-0.1"} and all(r["reached"] == "2/2" for r in table)
-    assert (out / "summary.md").exists() and (out / "tta.png").exists()
+    assert (out / "summary.md").exists() and (out / "tta.png").exists() and (out / "density_vs_link.png").exists()
+    from netsense.train.results import read_timeline
+
+    for cell in (d for d in out.iterdir() if (d / "result.json").exists()):
+        kept = json.loads((cell / "result.json").read_text())
+        files = sorted(str(p.relative_to(cell / "artifacts")) for p in (cell / "artifacts").rglob("*") if p.is_file())
+        assert files == ["attempt-0/rank-0/queue.csv", "attempt-0/rank-0/result.json", "attempt-0/rank-0/timeline.csv",
+                         "attempt-0/rank-1/queue.csv"], (cell.name, files)
+        steps = read_timeline(str(cell / "timeline.csv"))
+        assert len(steps) == kept["steps"] and "queue_delay_max_ms" in steps[0], (cell.name, len(steps))
+        assert (cell / "timeline.png").exists() and kept["artifacts"].startswith("pvc://campaign-output/"), cell.name
+    assert not _get(kubectl, "pods", "-l", "app.kubernetes.io/component=bench-reader")["items"], "reader left"
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stderr.count("reusing the finished result") == 4, again.stderr[-2000:]
     _wait("every cell's job deleted once its result was read", lambda: not jobs(), 60)

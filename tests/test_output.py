@@ -1,0 +1,159 @@
+"""spec.output: a cluster job's artifacts on a volume the user names (README, On a cluster: artifacts).
+
+Each rank writes under <path>/<job>/attempt-<n>/rank-<r>/ on the claim: rank 0 its timeline and result, every shaped
+rank a copy of its shaper's queue samples. The trainer writes, never the root shaper; the real node's test
+(tests/e2e) reads the files back from the volume."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import kubernetes_validate
+import pytest
+
+from netsense import gang
+from netsense.spec import SpecError, parse_spec
+from netsense.train.results import Timeline
+from netsense.train.trainer import _keep_artifacts
+
+SHAPED = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50},
+          "network": {"profile": {"type": "static", "rate": "200Mbit"}},
+          "output": {"claimName": "results", "path": "campaigns/may"}}
+
+
+def _env(pod: dict, container: str = "trainer") -> dict[str, str]:
+    c = next(c for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []) if c["name"] == container)
+    return {e["name"]: e["value"] for e in c.get("env") or []}
+
+
+def test_each_rank_of_each_attempt_writes_to_its_own_directory_on_the_claim():
+    from netsense_operator import resources as res
+
+    job = parse_spec(SHAPED, "tta-50")
+    pod = res.worker_pod(job, "ns", "uid", 1, 2)
+    kubernetes_validate.validate(pod, "1.37.0", strict=True)
+    env = _env(pod)
+    assert env[gang.OUT_DIR_ENV] == "/netsense-output/campaigns/may/tta-50/attempt-2/rank-1"
+    assert env[gang.OUTPUT_URI_ENV] == "pvc://results/campaigns/may/tta-50/attempt-2"
+    assert env[gang.QUEUE_CSV_ENV] == "/run/netsense-link/netsense-queue.csv"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["netsense-output"]["persistentVolumeClaim"] == {"claimName": "results"}
+    trainer = pod["spec"]["containers"][0]
+    mounts = {m["name"]: m for m in trainer["volumeMounts"]}
+    assert mounts["netsense-output"]["mountPath"] == "/netsense-output"
+    # The trainer reads the shaper's samples through a read-only mount: it can plant nothing there.
+    assert mounts["netsense-shaper-tmp"]["readOnly"] is True
+    assert pod["spec"]["securityContext"]["fsGroup"] == res.TRAINER_UID  # the claim writable by the trainer
+    # The root shaper never sees the job's volume.
+    shaper = pod["spec"]["initContainers"][0]
+    assert "netsense-output" not in {m["name"] for m in shaper["volumeMounts"]}
+
+
+def test_without_output_nothing_is_mounted_and_the_volume_root_is_the_default_path():
+    from netsense_operator import resources as res
+
+    plain = parse_spec({k: v for k, v in SHAPED.items() if k != "output"}, "plain")
+    pod = res.worker_pod(plain, "ns", "uid", 0, 0)
+    assert gang.OUT_DIR_ENV not in _env(pod) and "fsGroup" not in pod["spec"]["securityContext"]
+    assert "netsense-output" not in {v["name"] for v in pod["spec"]["volumes"]}
+    rooted = parse_spec({**SHAPED, "output": {"claimName": "results"}}, "rooted")
+    assert _env(res.worker_pod(rooted, "ns", "uid", 0, 0))[gang.OUT_DIR_ENV] == "/netsense-output/rooted/attempt-0/rank-0"
+    unshaped = parse_spec({k: v for k, v in SHAPED.items() if k != "network"}, "unshaped")
+    env = _env(res.worker_pod(unshaped, "ns", "uid", 0, 0))
+    assert gang.OUT_DIR_ENV in env and gang.QUEUE_CSV_ENV not in env  # no shaper, no samples to copy
+
+
+@pytest.mark.parametrize("output, field", [
+    ({"claimName": "Results"}, "spec.output.claimName"),
+    ({"path": "x"}, "spec.output.claimName"),
+    ({"claimName": "r", "path": "../elsewhere"}, "spec.output.path"),
+    ({"claimName": "r", "path": "a/./b"}, "spec.output.path"),
+    ({"claimName": "r", "path": "/abs"}, "spec.output.path"),
+    ({"claimName": "r", "path": "a/"}, "spec.output.path"),
+    ({"claimName": "r", "subPath": "a"}, "spec.output.subPath"),
+])
+def test_a_bad_output_is_refused_naming_the_field(output, field):
+    with pytest.raises(SpecError) as e:
+        parse_spec({**SHAPED, "output": output}, "bad")
+    assert field in {i.path for i in e.value.issues}, str(e.value)
+
+
+def test_a_pod_template_may_not_take_the_output_volumes_name():
+    spec = {**SHAPED, "podTemplate": {"spec": {"volumes": [{"name": "netsense-output", "emptyDir": {}}]}}}
+    with pytest.raises(SpecError, match="netsense-output"):
+        parse_spec(spec, "taken")
+
+
+def _trainer_with_rows() -> SimpleNamespace:
+    timeline = Timeline()
+    timeline.add(step=1, t=0.5, loss=2.0)
+    return SimpleNamespace(timeline=timeline)
+
+
+def test_rank_0_keeps_its_timeline_and_result_every_rank_its_links_samples(tmp_path, monkeypatch):
+    samples = tmp_path / "shaper-tmp" / "netsense-queue.csv"
+    samples.parent.mkdir()
+    samples.write_text("t,dev,backlog_bytes\n0.1,eth0,0\n0.2,eth0,15")  # the shaper mid-row
+    monkeypatch.setenv(gang.QUEUE_CSV_ENV, str(samples))
+    for rank in (0, 1):
+        monkeypatch.setenv(gang.OUT_DIR_ENV, str(tmp_path / f"rank-{rank}"))
+        _keep_artifacts(_trainer_with_rows(), rank, {"status": "Succeeded", "artifacts": "pvc://r/j/attempt-0"}
+                        if rank == 0 else None)
+    assert sorted(os.listdir(tmp_path / "rank-0")) == ["queue.csv", "result.json", "timeline.csv"]
+    assert os.listdir(tmp_path / "rank-1") == ["queue.csv"]
+    # Complete rows only: the row the shaper was writing is left out.
+    assert (tmp_path / "rank-1" / "queue.csv").read_text() == "t,dev,backlog_bytes\n0.1,eth0,0\n"
+    assert "step" in (tmp_path / "rank-0" / "timeline.csv").read_text()
+
+
+def test_a_volume_that_cannot_be_written_costs_the_artifacts_not_the_run(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(gang.OUT_DIR_ENV, str(tmp_path / "file" / "rank-0"))  # a file where a directory must be
+    monkeypatch.delenv(gang.QUEUE_CSV_ENV, raising=False)
+    _keep_artifacts(_trainer_with_rows(), 0, {"status": "Succeeded"})
+    assert "could not write the artifacts" in capsys.readouterr().err
+
+
+def test_a_cluster_cells_files_are_laid_out_as_a_local_cells(tmp_path):
+    """netsense bench --output-claim: the last attempt's rank-0 timeline becomes the cell's timeline.csv, with the
+    per-step queue columns a local run has, from every rank's samples (each under its own device label)."""
+    from netsense.bench.artifacts import lay_out
+    from netsense.shaping.queue import FIELDS, read_rows
+    from netsense.train.results import read_timeline
+
+    cell = tmp_path / "cell"
+    for attempt, steps in ((0, 3), (1, 2)):  # a gang restarted once: attempt 1 is what counts
+        rank0 = cell / "artifacts" / f"attempt-{attempt}" / "rank-0"
+        rank0.mkdir(parents=True)
+        timeline = Timeline()
+        for step in range(1, steps + 1):
+            timeline.add(time=0.1 * step, step=step, loss=1.0)
+        timeline.write_csv(str(rank0 / "timeline.csv"))
+        for rank in (0, 1):
+            d = cell / "artifacts" / f"attempt-{attempt}" / f"rank-{rank}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "queue.csv").write_text(",".join(FIELDS) + "\n" + "".join(
+                f"{t},eth0,0,0,{1.5 * (rank + 1) if t == 0.15 else 0},0,0,50\n" for t in (0.05, 0.15)))
+    assert lay_out(str(cell)) == str(cell / "timeline.csv")
+    steps = read_timeline(str(cell / "timeline.csv"))
+    assert [s["step"] for s in steps] == [1, 2]
+    assert [s["queue_delay_max_ms"] for s in steps] == [0.0, 3.0]  # rank 1's 3 ms in step 2's (0.1, 0.2]
+    assert {r["dev"] for r in read_rows(str(cell / "queue.csv"))} == {"rank0-eth0", "rank1-eth0"}
+
+
+def test_a_cell_without_files_has_no_timeline(tmp_path):
+    from netsense.bench.artifacts import lay_out
+
+    assert lay_out(str(tmp_path)) is None
+    (tmp_path / "artifacts" / "attempt-0" / "rank-1").mkdir(parents=True)  # rank 0 never wrote
+    assert lay_out(str(tmp_path)) is None
+
+
+def test_output_claim_is_for_cluster_cells(tmp_path):
+    from netsense.bench import run_bench
+
+    (tmp_path / "g.yaml").write_text("name: g\nmethods: {a: {method: allreduce}}\nprofiles: {p: {type: static, "
+                                     "rate: 50Mbit}}\nseeds: [0]\n")
+    with pytest.raises(SpecError, match="--output-claim"):
+        run_bench(str(tmp_path / "g.yaml"), str(tmp_path / "out"), output_claim="results")
