@@ -129,7 +129,7 @@ def test_create_turns_the_clients_value_error_into_invalid_pod(monkeypatch):
     import kopf
     from netsense_operator import handlers
 
-    def refuse(namespace, body):
+    def refuse(namespace, body, **_):
         raise ValueError("1 validation error for V1Pod\n  spec.volumes.0.configMap.defaultMode\n"
                          "    Input should be a valid integer")
 
@@ -254,7 +254,7 @@ def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, r
     from kubernetes.client import ApiException
     from netsense_operator import handlers
 
-    def forbidden(namespace, body):
+    def forbidden(namespace, body, **_):
         e = ApiException(status=403, reason="Forbidden")
         e.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "message": message})
         raise e

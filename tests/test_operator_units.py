@@ -3,6 +3,7 @@ pod that vanished while the watch was away."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from types import SimpleNamespace
@@ -20,17 +21,26 @@ def test_a_pod_that_vanished_while_the_watch_was_away_is_dropped_once_a_resync_l
     from netsense_operator import handlers
 
     lists = []
-    monkeypatch.setattr(handlers, "_listed_pods", lambda: lists.append(1) or [SimpleNamespace(
-        metadata=SimpleNamespace(uid="kept"))])
+
+    def list_pods(**kwargs):
+        """Two pages of metadata only, as the API server answers a PartialObjectMetadataList with a limit."""
+        lists.append(kwargs)
+        assert "PartialObjectMetadataList" in kwargs["_headers"]["Accept"] and not kwargs["_preload_content"]
+        page = {"items": [{"metadata": {"uid": "kept"}}], "metadata": {"continue": "next"}} if not kwargs["_continue"] \
+            else {"items": [{"metadata": {"uid": "also-kept"}}], "metadata": {}}
+        return SimpleNamespace(data=json.dumps(page).encode())
+
+    monkeypatch.delenv("NETSENSE_NAMESPACES", raising=False)
+    monkeypatch.setattr(handlers, "core", lambda: SimpleNamespace(list_pod_for_all_namespaces=list_pods))
     monkeypatch.setattr(handlers, "_last_resync", [0.0])
     monkeypatch.setattr(handlers, "_vanished", set())
-    index = {"job-a": [_pod("kept", 600), _pod("gone", 600)], "job-b": [_pod("new", 5)]}
+    index = {"job-a": [_pod("kept", 600), _pod("gone", 600), _pod("also-kept", 600)], "job-b": [_pod("new", 5)]}
     handlers._resync(index)
-    assert [p["metadata"]["uid"] for p in handlers._pods(index, "job-a")] == ["kept"]
+    assert [p["metadata"]["uid"] for p in handlers._pods(index, "job-a")] == ["kept", "also-kept"]
     assert [p["metadata"]["uid"] for p in handlers._pods(index, "job-b")] == ["new"], "too recent to tell"
     for _ in range(5):
         handlers._resync(index)
-    assert len(lists) == 1, "a LIST every pass, not one a RESYNC_S"
+    assert len(lists) == 2, "a LIST (two pages) every pass, not one a RESYNC_S"
 
 
 def test_no_decision_on_a_status_older_than_the_operators_own_write():
