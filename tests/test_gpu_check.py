@@ -20,14 +20,18 @@ def test_the_gpu_check_runs_dry_on_the_cpu_and_says_what_it_skipped(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == ["cuda-tests", "shared-gpu-job", "nccl-smoke", "selection"]
+    assert list(steps) == ["cuda-tests", "shared-gpu-job", "nccl-smoke", "selection", "cluster-path"]
     assert steps["cuda-tests"]["status"] == "skipped" and steps["cuda-tests"]["data"]["collected"] >= 5
     assert "--dry" in steps["cuda-tests"]["detail"]  # the reason is said, not implied
-    for name in ("shared-gpu-job", "nccl-smoke", "selection"):
+    for name in ("shared-gpu-job", "nccl-smoke", "selection", "cluster-path"):
         assert steps[name]["status"] == "dry", steps[name]
     job = steps["shared-gpu-job"]["data"]
     assert job["static"]["collective_timer"] == "wall-clock" and job["static"]["device"] == "cpu"
     assert job["step"]["link_rates_mbit"] == [50, 200]
     assert job["static"]["last_loss"] < job["static"]["first_loss"]
     assert set(steps["nccl-smoke"]["data"]) == {"allreduce", "fp16", "topk", "netsense", "tta", "powersgd"}
+    samples = steps["cluster-path"]["data"]["samples"]
+    assert set(samples) == {"paper-resnet18-200mbit.yaml", "paper-resnet18-fluctuating.yaml",
+                            "paper-resnet18-steps.yaml"} and all(s["validated"] for s in samples.values())
+    assert "nothing submitted (--dry)" in steps["cluster-path"]["detail"]
     assert (out / "summary.md").read_text().startswith("# GPU check: no GPU (dry run)")

@@ -13,6 +13,12 @@ Steps, each ok / failed / skipped (with the reason) / dry (run on the CPU in pla
    Without CUDA: the same on gloo and the CPU.
 4. selection: selection + compression overhead against the ResNet18 and VGG16 compute step on the GPU
    (testbed/bench_selection.py --device cuda). Without CUDA: a small CPU run of the same script.
+5. cluster-path: every GPU sample (manifests/samples/paper-*.yaml) built into the pods the operator makes,
+   validated against the Kubernetes schema, each trainer asking for its GPU with NCCL pinned to the shaped
+   eth0 and a NET_ADMIN-only shaper beside it. With --cluster NAMESPACE (the current kubeconfig's cluster,
+   the operator installed from manifests/overlays/gpu, the samples' PVC there): a 40-step copy of
+   paper-resnet18-steps.yaml submitted as a NetSenseJob, Succeeded on CUDA or failed with its reason.
+   Without --cluster (or with --dry): built and validated only.
 
 Everything lands in --out (summary.json, summary.md, each step's own files); exit 1 if a step failed.
 """
@@ -41,6 +47,7 @@ class Ctx:
     out: Path
     cuda: bool  # run on the GPU (CUDA present and not --dry)
     reason: str  # why not, when not
+    cluster: str | None = None  # a namespace to submit the cluster-path job to (--cluster)
 
 
 @dataclass
@@ -255,6 +262,88 @@ def selection(ctx: Ctx) -> Step:
 
 # ---- the run ----------------------------------------------------------------------
 
+def gpu_sample_pods() -> dict:
+    """Each GPU sample's pods as the operator builds them, checked: schema, GPU, NCCL on the shaped eth0, shaper."""
+    sys.path.insert(0, str(REPO / "operator"))
+    from netsense_operator import resources as res
+
+    from netsense.spec import load_job
+
+    try:
+        import kubernetes_validate
+    except ImportError:  # a GPU machine's venv without the dev extras: the other checks still run
+        kubernetes_validate = None
+    found = {}
+    for sample in sorted((REPO / "manifests" / "samples").glob("paper-*.yaml")):
+        job = load_job(str(sample))
+        for rank in range(job.workers):
+            pod = res.worker_pod(job, "default", "uid-check", rank, 0)
+            if kubernetes_validate:
+                kubernetes_validate.validate(pod, "1.37.0", strict=True)
+            trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+            env = {e["name"]: e.get("value") for e in trainer["env"]}
+            problems = [what for what, bad in (
+                ("no GPU limit", trainer["resources"].get("limits", {}).get("nvidia.com/gpu") != "1"),
+                ("NCCL not on eth0", env.get("NCCL_SOCKET_IFNAME") != "eth0" or env.get("NCCL_IB_DISABLE") != "1"),
+                ("wrong rank", env.get("RANK") != str(rank) or env.get("WORLD_SIZE") != str(job.workers)),
+                ("shaper not NET_ADMIN alone", (pod["spec"].get("initContainers") or [{}])[0].get(
+                    "securityContext", {}).get("capabilities") != {"drop": ["ALL"], "add": ["NET_ADMIN"]}),
+            ) if bad]
+            if problems:
+                raise AssertionError(f"{sample.name} rank {rank}: {', '.join(problems)}")
+        found[sample.name] = {"pods": job.workers, "validated": bool(kubernetes_validate)}
+    return found
+
+
+def submit_gpu_job(namespace: str, out: Path, timeout_s: float = 1800) -> dict:
+    """A 40-step copy of paper-resnet18-steps.yaml on the current kubeconfig's cluster: its final status."""
+    import yaml
+    from kubernetes import client
+
+    from netsense.kubeclient import load_kube_config
+    from netsense.spec import GROUP, PLURAL, VERSION
+
+    load_kube_config()
+    api = client.CustomObjectsApi()
+    doc = yaml.safe_load((REPO / "manifests" / "samples" / "paper-resnet18-steps.yaml").read_text())
+    doc["metadata"] = {"name": "gpu-check-cluster", "namespace": namespace}
+    doc["spec"]["training"].update(maxSteps=40, evalEvery=20, epochs=1)
+    doc["spec"]["runPolicy"] = {"backoffLimit": 0, "pendingTimeoutSeconds": 600, "activeDeadlineSeconds": 1500}
+    (out / "cluster-job.yaml").write_text(yaml.safe_dump(doc))
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gpu-check-cluster").get(
+                "status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return status
+            time.sleep(5)
+        return {"phase": "Failed", "message": f"not finished after {timeout_s:.0f}s"}
+    finally:
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gpu-check-cluster")
+
+
+def cluster_path(ctx: Ctx) -> Step:
+    pods = gpu_sample_pods()
+    built = f"{sum(p['pods'] for p in pods.values())} pods of {len(pods)} GPU samples built" + (
+        " and schema-validated" if all(p["validated"] for p in pods.values()) else " (kubernetes-validate missing: "
+        "schema not checked)")
+    if ctx.reason or not ctx.cluster:
+        why = ctx.reason or "no --cluster NAMESPACE"
+        return Step("cluster-path", "dry", f"{built}; nothing submitted ({why})", data={"samples": pods})
+    status = submit_gpu_job(ctx.cluster, ctx.out)
+    (ctx.out / "cluster-status.json").write_text(json.dumps(status, indent=1))
+    result = status.get("result") or {}
+    data = {"samples": pods, "phase": status.get("phase"), "device": result.get("device"),
+            "samples_per_s": result.get("throughputSamplesPerS"), "steps": result.get("steps")}
+    if status.get("phase") != "Succeeded" or not str(result.get("device", "")).startswith("cuda"):
+        return Step("cluster-path", "failed", f"{built}; the job: {status.get('phase')} {status.get('reason', '')} "
+                    f"{status.get('message', '')}".strip(), data=data)
+    return Step("cluster-path", "ok", f"{built}; a 40-step ResNet18 job Succeeded on {result['device']} "
+                f"({result.get('throughputSamplesPerS')} samples/s)", data=data)
+
+
 def machine() -> dict:
     import torch
 
@@ -281,7 +370,10 @@ def main() -> int:
     ap.add_argument("--dry", action="store_true", help="run on the CPU even where CUDA is available")
     ap.add_argument("--out", default=None, help="results folder (default runs/gpu-check-<time>)")
     ap.add_argument("--only", default=None, help="comma-separated steps to run (cuda-tests, shared-gpu-job, "
-                                                 "nccl-smoke, selection)")
+                                                 "nccl-smoke, selection, cluster-path)")
+    ap.add_argument("--cluster", metavar="NAMESPACE", default=None,
+                    help="cluster-path: submit a 40-step GPU job to this namespace of the current kubeconfig's "
+                         "cluster (the operator from manifests/overlays/gpu and the samples' PVC there)")
     ap.add_argument("--smoke", nargs=3, metavar=("BACKEND", "DEVICE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.smoke:  # the nccl-smoke step's child: a process group of its own
@@ -298,11 +390,11 @@ def main() -> int:
         reason = "no CUDA device (torch.cuda.is_available() is false)"
     else:
         reason = ""
-    ctx = Ctx(out, cuda=not reason, reason=reason)
+    ctx = Ctx(out, cuda=not reason, reason=reason, cluster=args.cluster)
     info = machine()
     print(f"gpu check: {info.get('gpu') or 'dry run: ' + reason}; results in {out}", flush=True)
     steps = []
-    for fn in (cuda_tests, shared_gpu_job, nccl_smoke, selection):
+    for fn in (cuda_tests, shared_gpu_job, nccl_smoke, selection, cluster_path):
         name = fn.__name__.replace("_", "-")
         if args.only and name not in args.only.split(","):
             continue
