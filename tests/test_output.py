@@ -157,3 +157,21 @@ def test_output_claim_is_for_cluster_cells(tmp_path):
                                      "rate: 50Mbit}}\nseeds: [0]\n")
     with pytest.raises(SpecError, match="--output-claim"):
         run_bench(str(tmp_path / "g.yaml"), str(tmp_path / "out"), output_claim="results")
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("path", ["../elsewhere", "a/./b", "/abs"])
+def test_the_api_server_keeps_the_output_path_inside_the_volume(kube, ns, path):
+    """What `kubectl apply` without `netsense validate` meets: the CRD's own pattern."""
+    import json
+
+    from kubernetes import client
+
+    job = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "out"},
+           "spec": {**SHAPED, "output": {"claimName": "results", "path": path}}}
+    with pytest.raises(client.ApiException) as e:
+        kube.custom.create_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", job)
+    message = json.loads(e.value.body)["message"]
+    assert e.value.status == 422 and "spec.output.path" in message, message
+    job["spec"]["output"]["path"] = "runs/..x/.y"  # dots inside names are fine
+    kube.custom.create_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", job)
