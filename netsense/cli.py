@@ -130,6 +130,16 @@ def cmd_shape(args) -> int:
 
 
 def cmd_worker(_args) -> int:
+    from netsense.gang import PROCS_ENV
+
+    procs = os.environ.get(PROCS_ENV, "1")
+    if procs != "1":  # several ranks in this worker: start them (without torch here)
+        from netsense.train.launch import launch
+
+        if not procs.isdigit() or int(procs) < 1:
+            print(f"netsense worker: bad environment: {PROCS_ENV}={procs!r} is not a positive integer", file=sys.stderr)
+            return 2
+        return launch(int(procs))
     from netsense.train.trainer import worker_main
 
     code = worker_main()

@@ -26,6 +26,7 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RAN
 JOB_FILE_ENV = "NETSENSE_JOB_FILE"  # the job (job.json): a file, as a trace can outgrow one variable
 OUT_DIR_ENV = "NETSENSE_OUT"  # where the worker writes timeline and result (local runs; spec.output on a cluster)
 OUTPUT_URI_ENV = "NETSENSE_OUTPUT_URI"  # pvc://<claim>/<the attempt's directory>: result["artifacts"]
+PROCS_ENV = "NETSENSE_PROCS_PER_WORKER"  # more than 1: `netsense worker` starts that many ranks (RANK .. RANK+n-1)
 QUEUE_CSV_ENV = "NETSENSE_QUEUE_CSV"  # the shaper's queue samples (read-only here): copied into the output
 RESULT_PATH_ENV = "NETSENSE_RESULT_PATH"  # rank 0's result.json, also here (a pod's termination message)
 PROFILE_START_ENV = "NETSENSE_PROFILE_START_FILE"  # rank 0 writes the training clock's start there
@@ -38,19 +39,21 @@ TRANSPORT_ENV_PREFIXES = ("NCCL_IB_", "NCCL_NET", "NCCL_COLLNET")
 
 def worker_env(job: Job, rank: int, master_addr: str, job_file: str, interface: str | None,
                extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables `netsense worker` reads.
+    """The variables `netsense worker` reads, for worker (pod, host) ``rank``.
 
     ``interface``: the shaped interface, where shaping binds. tc shapes what leaves through it, so gloo, NCCL
     and TensorPipe are pinned to it, and NCCL to its socket transport (no InfiniBand, no network plugin, no
     CollNet: each would bypass the shaper). Variables given here win over a container's envFrom. None leaves
     the libraries to choose (an unshaped pod on a GPU cluster keeps its fast fabric).
     """
+    procs = job.procs_per_worker
     env = {
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(MASTER_PORT),
-        "WORLD_SIZE": str(job.workers),
-        "RANK": str(rank),
+        "WORLD_SIZE": str(job.world),
+        "RANK": str(rank * procs),  # the worker's first process; `netsense worker` starts the others (procs)
         "LOCAL_RANK": "0",
+        PROCS_ENV: str(procs),
         JOB_FILE_ENV: job_file,
         "OMP_NUM_THREADS": str(job.training["threads"]),
         "PYTHONUNBUFFERED": "1",

@@ -54,3 +54,29 @@ def test_only_a_shaped_interface_pins_the_libraries_and_keeps_nccl_off_infiniban
     assert worker_env(job, 0, "m", "f", "eth0")["NCCL_IB_DISABLE"] == "1"
     unshaped = worker_env(job, 0, "m", "f", None)
     assert not {"NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} & set(unshaped)
+
+
+def test_several_processes_a_worker_get_torchruns_ranks():
+    """procsPerWorker: the worker's environment names its first rank and the world of every process; the launcher
+    gives process i RANK + i and LOCAL_RANK i, and only LOCAL_RANK 0 speaks to the shaper."""
+    from netsense import gang
+    from netsense.spec import parse_spec
+    from netsense.train.launch import child_env
+
+    job = parse_spec({"workers": 3, "procsPerWorker": 4, "training": {"model": "mlp", "dataset": "digits"}}, "p")
+    env = gang.worker_env(job, 2, "w0", "/etc/job.json", "eth0",
+                          {gang.PROFILE_START_ENV: "/run/start", gang.QUEUE_CSV_ENV: "/run/q.csv"})
+    assert (env["RANK"], env["WORLD_SIZE"], env[gang.PROCS_ENV]) == ("8", "12", "4")
+    ranks = [child_env(env, i) for i in range(4)]
+    assert [(c["RANK"], c["LOCAL_RANK"], c[gang.PROCS_ENV]) for c in ranks] == [
+        ("8", "0", "1"), ("9", "1", "1"), ("10", "2", "1"), ("11", "3", "1")]
+    assert gang.PROFILE_START_ENV in ranks[0] and gang.QUEUE_CSV_ENV in ranks[0]
+    assert all(gang.PROFILE_START_ENV not in c and gang.QUEUE_CSV_ENV not in c for c in ranks[1:])
+
+
+def test_a_gpu_limit_below_the_processes_is_refused_naming_the_field():
+    from netsense.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=r"spec.resources.limits.nvidia.com/gpu: 1 GPU\(s\) for procsPerWorker: 2"):
+        parse_spec({"procsPerWorker": 2, "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    "training": {"model": "mlp", "dataset": "digits"}}, "g")

@@ -316,3 +316,17 @@ def test_an_unshaped_run_of_several_workers_trains(tmp_path):
         assert code == 0, err
         nothing_left(run, before)
     assert json.loads((tmp_path / "o" / "result.json").read_text())["steps"] == 20
+
+
+@pytest.mark.root
+def test_several_processes_a_worker_train_as_one_gang(tmp_path):
+    """procsPerWorker: 2 on 2 emulated hosts: four ranks (torchrun-style, LOCAL_RANK 0 and 1 on each host) in one
+    process group, and nothing left behind."""
+    doc = job(workers=2, procsPerWorker=2, training={"maxSteps": 15, "batchSize": 16})
+    before = ours()
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
+        code, _, err = finish(run, 300)
+        assert code == 0, err
+        nothing_left(run, before)
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert result["status"] == "Succeeded" and result["workers"] == 4 and result["steps"] == 15

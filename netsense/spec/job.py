@@ -359,8 +359,21 @@ OUTPUT = Obj({
        "keeps its own output directory and ignores this")
 
 
+def _check_procs(spec: dict, path: str, errors: Errors) -> None:
+    """Several processes a worker take a GPU each: a GPU limit below their number cannot hold them."""
+    procs = spec.get("procsPerWorker") or 1
+    gpus = ((spec.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+    if procs > 1 and gpus is not None and str(gpus).isdigit() and int(gpus) < procs:
+        errors.add(_join(path, "resources.limits.nvidia.com/gpu"),
+                   f"{gpus} GPU(s) for procsPerWorker: {procs} (one GPU a process where they run on CUDA)")
+
+
 SPEC = Obj({
-    "workers": F(Int(min=1, max=512), default=2),
+    "workers": F(Int(min=1, max=512, doc="worker pods (emulated hosts), each behind its own shaped link"), default=2),
+    "procsPerWorker": F(Int(min=1, max=16, doc="training processes in each worker, torchrun-style: rank = worker x "
+                                               "procsPerWorker + LOCAL_RANK, one GPU each (cuda:LOCAL_RANK); the "
+                                               "profile shapes the traffic between workers, not between one "
+                                               "worker's own processes, which stays inside it"), default=1),
     "suspend": F(Bool(doc="cluster: true creates no pods (and deletes a running gang: phase Suspended), so a "
                           "queue such as Kueue can admit the whole job at once; false again starts a new gang. The "
                           "one field a started job may change"), default=False),
@@ -374,7 +387,7 @@ SPEC = Obj({
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
     "output": F(OUTPUT),
-}, checks=[podtemplate.check_shaped], cel=podtemplate.SHAPED_CEL)
+}, checks=[podtemplate.check_shaped, _check_procs], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,
@@ -405,7 +418,17 @@ class Job:
 
     @property
     def workers(self) -> int:
+        """Worker pods (hosts)."""
         return self.spec["workers"]
+
+    @property
+    def procs_per_worker(self) -> int:
+        return self.spec.get("procsPerWorker") or 1
+
+    @property
+    def world(self) -> int:
+        """Training processes (ranks) in all."""
+        return self.workers * self.procs_per_worker
 
     @property
     def training(self) -> dict:

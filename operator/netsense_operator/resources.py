@@ -168,10 +168,11 @@ def _shaper(job: Job, image: str) -> dict:
 
 
 def output_dir(job: Job, attempt: int, rank: int, root: str = "") -> str:
-    """Where rank ``rank`` of ``attempt`` writes on the job's output volume (relative to the volume without
-    ``root``): <path>/<job>/attempt-<n>/rank-<r>."""
+    """Where worker ``rank`` of ``attempt`` writes on the job's output volume (relative to the volume without
+    ``root``): <path>/<job>/attempt-<n>/rank-<r>, r the worker's first rank (its only one, unless procsPerWorker)."""
     path = (job.spec.get("output") or {}).get("path")
-    return "/".join(p for p in (root, path, job.name, f"attempt-{attempt}", f"rank-{rank}") if p)
+    first = rank * job.procs_per_worker  # named by the worker's first rank (its one voice: netsense.train.launch)
+    return "/".join(p for p in (root, path, job.name, f"attempt-{attempt}", f"rank-{first}") if p)
 
 
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE,

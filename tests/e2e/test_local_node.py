@@ -233,6 +233,25 @@ def test_every_rank_leaves_its_artifacts_on_the_jobs_volume(operator, tmp_path):
         kubectl("delete", "--ignore-not-found", "--wait=true", "-f", str(tmp_path / "volume.yaml"))
 
 
+def test_two_processes_in_one_pod_train_as_one_gang(operator, tmp_path):
+    """procsPerWorker: 2 with one worker: one pod, two ranks (gloo on the CPU), trained to the end."""
+    kubectl = operator
+    _apply_job(kubectl, tmp_path, "procs", workers=1, procsPerWorker=2, **{"training.epochs": 1})
+    try:
+        seen = set()
+
+        def done():
+            seen.update(p["metadata"]["name"] for p in _job_pods(kubectl, "procs"))
+            return _phase(kubectl, "procs") in ("Succeeded", "Failed") and _phase(kubectl, "procs")
+
+        assert _wait("procs to finish", done, 600, every=2) == "Succeeded", _job(kubectl, "procs").get("status")
+        result = _job(kubectl, "procs")["status"]["result"]
+        assert result["workers"] == 2 and result["steps"] > 0 and len(seen) == 1, (result, seen)
+        print(f"\nE2E two ranks in one pod: {result['steps']} steps, {result['throughputSamplesPerS']} samples/s")
+    finally:
+        kubectl("delete", "nsj", "procs", "--ignore-not-found", "--wait=true")
+
+
 def test_bad_image_is_a_condition_not_a_silent_pending(operator, tmp_path):
     kubectl = operator
     _apply_job(kubectl, tmp_path, "bad-image", image="netsense/does-not-exist:dev")
