@@ -226,9 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", action="store_true",
                    help="submit one NetSenseJob per cell to the current Kubernetes cluster instead")
     s.add_argument("--namespace", dest="k8s_namespace", default="default", help="namespace for --cluster")
-    s.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="with --cluster: N cells (jobs) at once (default 1); Ctrl-C deletes every running cell's "
-                        "job. Locally cells always run one at a time: they share this machine's cores")
+    s.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="with --cluster: N cells (jobs) at once (default: as many as the cluster's free cpu and "
+                        "memory hold now, for the grid's pod requests); Ctrl-C deletes every running cell's job. "
+                        "Locally cells always run one at a time: they share this machine's cores")
     s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
                    "same --out reuses them)")
     s.add_argument("--output-claim", metavar="CLAIM",

@@ -21,6 +21,11 @@ TRAINER = "trainer"  # the trainer's container (its logs, its termination messag
 SHAPER = "shaper"  # the shaping sidecar's container
 CONTAINERS = (TRAINER, SHAPER)
 
+# What a worker pod asks for where the job says nothing, and its shaping sidecar always: the operator's pods and
+# `netsense bench --cluster`'s count of how many cells fit side by side.
+TRAINER_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}}
+SHAPER_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
+
 # The variables `netsense worker` reads (netsense.train.trainer), written by both backends.
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")  # torch's env://
 JOB_FILE_ENV = "NETSENSE_JOB_FILE"  # the job (job.json): a file, as a trace can outgrow one variable

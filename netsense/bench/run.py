@@ -17,21 +17,23 @@ from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
-              seeds: list[int] | None = None, cell_plots: bool = False, parallel: int = 1,
+              seeds: list[int] | None = None, cell_plots: bool = False, parallel: int | None = None,
               output_claim: str | None = None, reader_image: str | None = None) -> int:
-    """``parallel``: cells at once (a cluster's jobs side by side; locally always 1, the cells share this
-    machine's cores). ``output_claim``: a PersistentVolumeClaim every cluster cell writes its artifacts to, read
+    """``parallel``: cells at once (a cluster's jobs side by side, by default as many as its free resources
+    hold: netsense.bench.capacity; locally always 1, the cells share this machine's cores). ``output_claim``: a PersistentVolumeClaim every cluster cell writes its artifacts to, read
     back into the cell's directory (netsense.bench.artifacts)."""
     from netsense.spec import SpecError
     from netsense.spec.schema import Issue
 
-    if parallel < 1 or (parallel > 1 and not cluster):
+    if parallel is not None and (parallel < 1 or (parallel > 1 and not cluster)):
         raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side only on a cluster (--cluster), "
                                "at least 1")])
     if output_claim and not cluster:
         raise SpecError([Issue("--output-claim", "a volume for cluster cells (--cluster); a local cell writes its "
                                "own directory")])
     name, todo, grid = load_grid(grid_path, seeds)
+    if parallel is None:
+        parallel = _parallel_that_fits(todo) if cluster else 1
     if grid.get("order", "shuffled") == "shuffled":
         # Interleaved: the machine drifts over an hour (10-17% here), and a method whose cells ran in
         # one stretch would carry that stretch's speed. Seeded, so a rerun into the same --out agrees.
@@ -197,3 +199,17 @@ class Volume:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+
+
+def _parallel_that_fits(todo: list) -> int:
+    """As many cells as the cluster's free cpu and memory hold now (the largest cell counted), said on stderr."""
+    from netsense.bench import capacity
+    from netsense.kubeclient import load_kube_config
+
+    load_kube_config()
+    room = capacity.cluster_room()
+    cell = max((capacity.cell_requests(c.job["spec"]) for c in todo), default=(0, 0))
+    n = capacity.cells_that_fit(room, cell, len(todo))
+    print(f"netsense: --parallel {n}: a cell asks for {cell[0]:.2f} cpu and {cell[1] / 2**30:.2f} GiB; free: "
+          f"{room.cpu:.2f} cpu, {room.memory / 2**30:.2f} GiB ({room.note})", file=sys.stderr, flush=True)
+    return n

@@ -32,7 +32,9 @@ from netsense.gang import (
     QUEUE_SUMMARY_ENV,
     RESULT_PATH_ENV,
     SHAPER,
+    SHAPER_RESOURCES,
     TRAINER,
+    TRAINER_RESOURCES,
     worker_env,
 )
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
@@ -163,7 +165,7 @@ def _shaper(job: Job, image: str) -> dict:
         "startupProbe": {"exec": {"command": ["test", "-f", READY_FILE]}, "periodSeconds": 1,
                          "failureThreshold": 120},
         # Limits on both, so a namespace quota that demands them admits the sidecar.
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "resources": {k: dict(v) for k, v in SHAPER_RESOURCES.items()},  # a copy: the pod is the caller's
     }
 
 
@@ -205,7 +207,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         # Pod Security "restricted": the trainer needs no privilege at all.
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID},
-        "resources": podtemplate.quantities(job.spec.get("resources") or {"requests": {"cpu": "1", "memory": "1Gi"}}),
+        "resources": podtemplate.quantities(job.spec.get("resources") or TRAINER_RESOURCES),
     }
     spec: dict = {
         # One rank a node where the cluster has the nodes: two ranks on one node share its NIC, and one pod's
