@@ -322,34 +322,42 @@ def test_faults_while_running(operator, tmp_path):
     kubectl("delete", "nsj", "faults", "--wait=true")
 
 
-def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
-    """Two pods built as the operator builds a rank's (shaper sidecar, profile in a ConfigMap), the trainer's
-    command replaced by a bulk transfer: the receiver counts what the sender's shaped eth0 lets through,
-    40 Mbit/s and then, 6 s into the profile's clock, 10 Mbit/s."""
+def _measuring_pods(name: str, profile: dict):
+    """(job, its ConfigMap, pod(rank, script)): pods built as the operator builds a rank's (the shaper sidecar, the
+    profile in the ConfigMap), the trainer's command replaced by ``script``; no owner (the garbage collector would
+    take them) and none of the operator's labels."""
     from netsense_operator import resources
 
-    from netsense.gang import PROFILE_START_ENV
     from netsense.spec.job import parse_job
 
-    kubectl = operator
     with open(SAMPLE) as fh:
         doc = yaml.safe_load(fh)
-    doc["metadata"]["name"] = "shape"
-    doc["spec"]["network"]["profile"] = {"type": "steps", "steps": [{"at": "0s", "rate": "40Mbit"},
-                                                                     {"at": "6s", "rate": "10Mbit"}]}
+    doc["metadata"]["name"] = name
+    doc["spec"]["network"]["profile"] = profile
     job = parse_job(doc)
-    config = resources.config_map(job, "default", "uid-shape")
+    config = resources.config_map(job, "default", f"uid-{name}")
+    config["metadata"].pop("ownerReferences")
 
     def pod(rank: int, script: str) -> dict:
-        p = resources.worker_pod(job, "default", "uid-shape", rank, 0, shaper_image=SHAPER)
-        # Not a job's pod: no owner (the garbage collector would take it), none of the operator's labels.
+        p = resources.worker_pod(job, "default", f"uid-{name}", rank, 0, shaper_image=SHAPER)
         p["metadata"].pop("ownerReferences")
         p["metadata"]["labels"] = {"app": "shape-measure"}
         trainer = next(c for c in p["spec"]["containers"] if c["name"] == "trainer")
         trainer["command"] = ["sh", "-c", script]
         return p
 
-    config["metadata"].pop("ownerReferences")
+    return job, config, pod
+
+
+def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
+    """Two pods built as the operator builds a rank's (shaper sidecar, profile in a ConfigMap), the trainer's
+    command replaced by a bulk transfer: the receiver counts what the sender's shaped eth0 lets through,
+    40 Mbit/s and then, 6 s into the profile's clock, 10 Mbit/s."""
+    from netsense.gang import PROFILE_START_ENV
+
+    kubectl = operator
+    job, config, pod = _measuring_pods("shape", {"type": "steps", "steps": [{"at": "0s", "rate": "40Mbit"},
+                                                                          {"at": "6s", "rate": "10Mbit"}]})
     # The sender runs 2 s before the clock starts (the shaper holds the first step meanwhile), so the windows
     # below see a steady flow, not the pod's start-up; the clock's epoch goes to the log, to place the windows
     # on the receiver's bins (which start at the sender's connect).
@@ -389,6 +397,50 @@ def test_the_sidecar_shapes_a_pods_link_through_a_step(operator, tmp_path):
     finally:
         kubectl("delete", "--ignore-not-found", "-f", str(tmp_path / "rx.yaml"),
                 *(["-f", str(tmp_path / "tx.yaml")] if (tmp_path / "tx.yaml").exists() else []), "--wait=true")
+
+
+@pytest.mark.parametrize("rate", ["200Mbit", "1000Mbit"])
+def test_a_shaped_pods_link_carries_a_payload_after_idle_at_its_rate(operator, tmp_path, rate):
+    """What a training step sends, between two shaped pods: each payload after 100 ms idle, its apparent rate at
+    the receiver over the profile's rate (the fastest of 5: noise only slows a payload). None may outrun the link
+    by more than its bucket; from 300 kB they must carry at least 0.8x (the emulated link's bounds)."""
+    kubectl = operator
+    name = f"payload-{rate.lower()}"
+    _, config, pod = _measuring_pods(name, {"type": "static", "rate": rate})
+    sizes = [s for s in (47_000, 300_000, 1_000_000, 4_000_000) for _ in range(5)]
+    rx = pod(0, "exec python -m netsense.emulation.bulk recv-payloads 5002 " + " ".join(map(str, sizes)))
+    (tmp_path / "rx.yaml").write_text(yaml.safe_dump_all([config, rx]))
+    try:
+        kubectl("apply", "-f", str(tmp_path / "rx.yaml"))
+        ip = _wait("the receiver's IP", lambda: _get(kubectl, "pod", rx["metadata"]["name"])["status"].get("podIP"),
+                   120)
+        tx = pod(1, f"sleep 1 && exec python -m netsense.emulation.bulk send-payloads {ip} 5002 0.1 "
+                    + " ".join(map(str, sizes)))
+        (tmp_path / "tx.yaml").write_text(yaml.safe_dump(tx))
+        kubectl("apply", "-f", str(tmp_path / "tx.yaml"))
+        _wait("the payloads", lambda: all(_get(kubectl, "pod", p["metadata"]["name"])["status"].get("phase")
+                                          in ("Succeeded", "Failed") for p in (rx, tx)), 180)
+        done = json.loads(kubectl("logs", rx["metadata"]["name"], "-c", "trainer").strip().splitlines()[-1])["done"]
+        started = json.loads(kubectl("logs", tx["metadata"]["name"], "-c", "trainer").strip().splitlines()[-1])[
+            "started"]
+        bps = float(rate.removesuffix("Mbit")) * 1e6
+        ratios: dict[int, float] = {}
+        for size, t0, t1 in zip(sizes, started, done, strict=True):  # CLOCK_MONOTONIC: one kernel, both pods
+            ratios[size] = max(ratios.get(size, 0.0), size * 8 / (t1 - t0) / bps)
+        table = ", ".join(f"{size // 1000} kB {x:.2f}x" for size, x in ratios.items())
+        print(f"\nE2E payload after idle between shaped pods at {rate}: {table}")
+        # As tests/test_shaping.py holds the emulated link: from 47 kB (300 kB at 1 Gbit, whose bucket is 40 kB)
+        # within 1.15x; below that, no more than the bucket's worth of bytes for free.
+        from netsense.shaping.tc import tbf_params
+
+        burst, held = tbf_params(bps)["burst"], 300_000 if bps > 200e6 else 47_000
+        for size, x in ratios.items():
+            most = 1.15 if size >= held else 1.15 * size / (size - burst)
+            assert x <= most, f"{size // 1000} kB outran the link (at most {most:.2f}x): {table}"
+        assert all(x >= 0.8 for size, x in ratios.items() if size >= 300_000), f"the link carried too little: {table}"
+    finally:
+        kubectl("delete", "--ignore-not-found", "--wait=true", "-f", str(tmp_path / "rx.yaml"),
+                *(["-f", str(tmp_path / "tx.yaml")] if (tmp_path / "tx.yaml").exists() else []))
 
 
 # Chaos: what a user would break before trusting the operator on a real cluster.
