@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 
 from netsense.bench.capacity import Room, cell_requests, cells_that_fit, cluster_room
+from netsense.spec import parse_spec
 
 GI = 2**30
 
@@ -15,8 +16,8 @@ GI = 2**30
 def test_a_cell_asks_for_its_workers_trainers_and_shapers():
     shaped = {"workers": 3, "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
               "network": {"profile": {"type": "static", "rate": "50Mbit"}}}
-    assert cell_requests(shaped) == (Decimal("1.530"), 3 * GI + 3 * 64 * 2**20)
-    assert cell_requests({"workers": 2}) == (Decimal(2), 2 * GI)  # the operator's default trainer, no shaper
+    assert cell_requests(parse_spec(shaped)) == (Decimal("1.530"), 3 * GI + 3 * 64 * 2**20)
+    assert cell_requests(parse_spec({})) == (Decimal(2), 2 * GI)  # the operator's default trainer and workers
 
 
 @pytest.mark.parametrize("room, want", [

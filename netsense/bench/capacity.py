@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from netsense.gang import SHAPER_RESOURCES, TRAINER_RESOURCES
+from netsense.spec import Job
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,16 @@ class Room:
     note: str  # how it was counted
 
 
-def cell_requests(spec: dict) -> tuple[Decimal, Decimal]:
+def cell_requests(job: Job) -> tuple[Decimal, Decimal]:
     """(cpu, memory) one cell's pods request in all."""
     from kubernetes.utils import parse_quantity
 
-    pod = [(spec.get("resources") or TRAINER_RESOURCES).get("requests") or {}]
-    if (spec.get("network") or {}).get("profile"):
+    pod = [(job.spec.get("resources") or TRAINER_RESOURCES).get("requests") or {}]
+    if job.network.get("profile"):
         pod.append(SHAPER_RESOURCES["requests"])
     cpu = sum((parse_quantity(r.get("cpu", 0)) for r in pod), Decimal(0))
     memory = sum((parse_quantity(r.get("memory", 0)) for r in pod), Decimal(0))
-    return cpu * spec.get("workers", 2), memory * spec.get("workers", 2)
+    return cpu * job.workers, memory * job.workers
 
 
 def cluster_room(core=None) -> Room:
@@ -53,9 +54,9 @@ def cluster_room(core=None) -> Room:
     for p in pods:
         if p.spec.node_name not in names:
             continue
-        for c in [*(p.spec.containers or []), *(p.spec.init_containers or [])]:
-            if c in (p.spec.init_containers or []) and c.restart_policy != "Always":
-                continue  # a plain init container's requests are not held while the pod runs
+        # Sidecars (restartable init containers) hold their requests while the pod runs; plain init containers not.
+        sidecars = [c for c in p.spec.init_containers or [] if c.restart_policy == "Always"]
+        for c in [*(p.spec.containers or []), *sidecars]:
             requests = (c.resources.requests if c.resources else None) or {}
             cpu -= parse_quantity(requests.get("cpu", 0))
             memory -= parse_quantity(requests.get("memory", 0))

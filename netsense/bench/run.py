@@ -73,7 +73,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             said = "    (reusing the finished result in this output directory)"
         else:
             if cluster:
-                r = cells.run_cluster(cell, namespace, stop=stop, output=volume.output(cell) if volume else None)
+                r = cells.run_cluster(cell, namespace, stop=stop, output=volume.output if volume else None)
                 if volume and not stop.is_set():
                     volume.collect(cell, cell_dir, r, cell_plots)
             else:
@@ -161,11 +161,9 @@ class Volume:
     def __init__(self, namespace: str, claim: str, image: str | None, grid: dict, campaign: str):
         self.namespace, self.claim, self.image, self.grid, self.campaign = namespace, claim, image, grid, campaign
         self.path = f"netsense-bench/{campaign}/{time.strftime('%Y%m%d-%H%M%S')}"
+        self.output = {"claimName": claim, "path": self.path}  # every cell's spec.output
         self.reader = None
         self.lock = threading.Lock()
-
-    def output(self, cell) -> dict:
-        return {"claimName": self.claim, "path": self.path}
 
     def collect(self, cell, cell_dir: str, result: dict, plot: bool) -> None:
         """The cell's files into cell_dir (netsense.bench.artifacts.lay_out); a cell whose files cannot be read
@@ -205,10 +203,11 @@ def _parallel_that_fits(todo: list) -> int:
     """As many cells as the cluster's free cpu and memory hold now (the largest cell counted), said on stderr."""
     from netsense.bench import capacity
     from netsense.kubeclient import load_kube_config
+    from netsense.spec import parse_job
 
     load_kube_config()
     room = capacity.cluster_room()
-    cell = max((capacity.cell_requests(c.job["spec"]) for c in todo), default=(0, 0))
+    cell = max((capacity.cell_requests(parse_job(c.job)) for c in todo), default=(0, 0))
     n = capacity.cells_that_fit(room, cell, len(todo))
     print(f"netsense: --parallel {n}: a cell asks for {cell[0]:.2f} cpu and {cell[1] / 2**30:.2f} GiB; free: "
           f"{room.cpu:.2f} cpu, {room.memory / 2**30:.2f} GiB ({room.note})", file=sys.stderr, flush=True)

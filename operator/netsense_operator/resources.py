@@ -169,12 +169,12 @@ def _shaper(job: Job, image: str) -> dict:
     }
 
 
-def output_dir(job: Job, attempt: int, rank: int, root: str = "") -> str:
-    """Where worker ``rank`` of ``attempt`` writes on the job's output volume (relative to the volume without
-    ``root``): <path>/<job>/attempt-<n>/rank-<r>, r the worker's first rank (its only one, unless procsPerWorker)."""
+def output_dir(job: Job, attempt: int, rank: int) -> str:
+    """Where worker ``rank`` of ``attempt`` writes on the job's output volume, relative to the volume:
+    <path>/<job>/attempt-<n>/rank-<r>, r the worker's first rank (its only one, unless procsPerWorker)."""
     path = (job.spec.get("output") or {}).get("path")
     first = rank * job.procs_per_worker  # named by the worker's first rank (its one voice: netsense.train.launch)
-    return "/".join(p for p in (root, path, job.name, f"attempt-{attempt}", f"rank-{first}") if p)
+    return "/".join(p for p in (path, job.name, f"attempt-{attempt}", f"rank-{first}") if p)
 
 
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE,
@@ -189,8 +189,9 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         extra.update({PROFILE_START_ENV: START_FILE, QUEUE_SUMMARY_ENV: QUEUE_SUMMARY})
     output = job.spec.get("output")
     if output:
-        extra[OUT_DIR_ENV] = output_dir(job, attempt, rank, OUTPUT_MOUNT["mountPath"])
-        extra[OUTPUT_URI_ENV] = f"pvc://{output['claimName']}/{output_dir(job, attempt, rank).rpartition('/')[0]}"
+        mine = output_dir(job, attempt, rank)
+        extra[OUT_DIR_ENV] = f"{OUTPUT_MOUNT['mountPath']}/{mine}"
+        extra[OUTPUT_URI_ENV] = f"pvc://{output['claimName']}/{mine.rpartition('/')[0]}"  # the attempt's
         if shaped:
             extra[QUEUE_CSV_ENV] = f"{LINK_DIR}/{os.path.basename(QUEUE_CSV)}"
     env = worker_env(job, rank, f"{service_name(job.name)}.{namespace}.svc", f"{JOB_DIR}/job.json",

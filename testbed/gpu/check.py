@@ -285,7 +285,8 @@ def gpu_sample_pods() -> dict:
             problems = [what for what, bad in (
                 ("no GPU limit", trainer["resources"].get("limits", {}).get("nvidia.com/gpu") != "1"),
                 ("NCCL not on eth0", env.get("NCCL_SOCKET_IFNAME") != "eth0" or env.get("NCCL_IB_DISABLE") != "1"),
-                ("wrong rank", env.get("RANK") != str(rank) or env.get("WORLD_SIZE") != str(job.workers)),
+                ("wrong rank", env.get("RANK") != str(rank * job.procs_per_worker)
+                 or env.get("WORLD_SIZE") != str(job.world)),
                 ("shaper not NET_ADMIN alone", (pod["spec"].get("initContainers") or [{}])[0].get(
                     "securityContext", {}).get("capabilities") != {"drop": ["ALL"], "add": ["NET_ADMIN"]}),
             ) if bad]
