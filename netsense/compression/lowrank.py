@@ -24,6 +24,7 @@ On the wire each rank sends 2(N-1)/N x (r(n + m) + the vectors' elements) x 4 by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,30 @@ class Piece:
     shape: tuple[int, int] | None
 
 
+def matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
+    """A parameter of this shape as the n x m matrix PowerSGD compresses at ``rank``; None where it travels whole
+    (a vector, or a matrix too small to gain)."""
+    if len(shape) < 2:
+        return None
+    n = shape[0]
+    m = math.prod(shape) // n
+    r = min(rank, n, m)
+    return (n, m) if r * (n + m) * MIN_COMPRESSION_RATE < n * m else None
+
+
+def layout(shapes: list[tuple[int, ...]], rank: int) -> tuple[list[tuple[int, int]], int]:
+    """The matrices compressed at ``rank`` and the elements sent whole, for a model's parameter shapes: what its
+    wire costs (netsense.control.policies.lowrank_allreduce_bytes)."""
+    matrices, whole = [], 0
+    for shape in shapes:
+        mat = matrix_shape(shape, rank)
+        if mat is None:
+            whole += math.prod(shape)
+        else:
+            matrices.append(mat)
+    return matrices, whole
+
+
 class LowRank:
     """The compressor's state: each parameter's Q (the warm start), drawn at first use from a generator seeded
     alike on every rank (the buckets are met in the same order everywhere)."""
@@ -56,12 +81,7 @@ class LowRank:
         base = buf.storage_offset()
         out = []
         for view, param in zip(views, params, strict=True):
-            shape = None
-            if param.dim() > 1:
-                n, m = param.shape[0], param.numel() // param.shape[0]
-                r = min(rank, n, m)
-                if r * (n + m) * MIN_COMPRESSION_RATE < n * m:
-                    shape = (n, m)
+            shape = matrix_shape(tuple(param.shape), rank)
             out.append(Piece(param, view.storage_offset() - base, view.numel(), shape))
         return out
 
