@@ -20,12 +20,15 @@ fails at once naming the field.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
+from netsense.compression.lowrank import layout
 from netsense.compression.memory import LocalMomentum
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
@@ -80,7 +83,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
                                process_group, fp16=True, always_dense=True)
         model.register_comm_hook(state, torch_hook)
         return state
-    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    numel = sum(math.prod(shape) for shape in shapes)
     policy = {
         "allreduce": lambda: None,
         "topk": lambda: FixedDensity(c["density"], fp16=c["values"] == "fp16"),
@@ -94,12 +98,13 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         "tta": lambda: TimeToAccuracyController(
             numel, world, fp16=c["values"] == "fp16", knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
             probe_every=c["probeEvery"],
-            probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"]),
+            probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
+            low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step
     # allreduce has neither setting, and without sparse steps neither matters.
-    local = (LocalMomentum(momentum, weight_decay, masking=c["momentumMasking"])
+    local = (LocalMomentum(momentum, weight_decay, masking=c.get("momentumMasking", False))
              if c.get("momentumCorrection") and momentum > 0 else None)
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],

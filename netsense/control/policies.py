@@ -315,6 +315,21 @@ class TimeToAccuracyController(Policy):
     1.5 x world x knee of the step (under 2% at 2 workers), so staying sparse
     costs at most that. Likewise dense fp16, once chosen, is kept over fp32.
 
+    PowerSGD as an option (``low_ranks``; spec: lowRanks, none by default): at rank r a step costs
+
+        T_r = C + a * r + bytes_r / B + L      steps: (1 + lowrank_knee / r) x the dense steps
+
+    bytes_r the two all_reduces of its P's (with the parameters sent whole) and Q's (lowrank_allreduce_bytes,
+    fp32), L one more collective's fixed time (LinkEstimator.fixed: the first all_reduce is waited for inside
+    the backward pass), a PowerSGD's own seconds per unit of rank (its matrix products grow with r), measured
+    on its own steps and 0 until one has run: the first low-rank step is tried on the optimistic price and
+    then priced as measured. The step prior is one constant per family, fitted on the tuning task only
+    (spec: lowRankKnee; testbed/EVALUATION.md says on which runs), as kneeDensity is for TopK. PowerSGD and
+    TopK share the error-feedback residual (memory.ResidualMemory): what one did not send, the other's next
+    step sends or keeps, so a switch between the families loses no gradient mass (tests/test_feedback.py);
+    a dense step flushes it as before. A rank's warm start (its Q's) is kept across TopK steps, and drawn
+    afresh when the rank changes.
+
     Communication that overlaps the backward pass is not counted as free: on
     CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
     Counting the overlapped time as free drove ResNet18 at 200 Mbit/s to 4.5%
@@ -362,8 +377,14 @@ class TimeToAccuracyController(Policy):
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
 
     def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
-                 probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True):
+                 probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
+                 low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3):
         self.numel, self.world = numel, world
+        # PowerSGD's options: rank -> (the matrices it compresses, the elements it sends whole), largest rank first
+        # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
+        self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
+        self.lowrank_knee = lowrank_knee
+        self.lowrank_per_rank = 0.0  # PowerSGD's own seconds a step per unit of rank, measured (0: not yet)
         self.fp16 = fp16  # the values' encoding (values: fp16 | fp32), sparse and dense alike
         self.prior_knee, self.learn_knee = knee, learn_knee
         self.knee_updates = 0  # sparse updates whose progress was measured
@@ -374,7 +395,7 @@ class TimeToAccuracyController(Policy):
         self.compute_s = 0.0
         self.selection = SelectionCost()
         self.last = Decision()
-        self.kind = (True, False)  # dense or not, fp16 or not: what the last decision that was not a probe chose
+        self.kind = (True, False, 0)  # dense or not, fp16 or not, rank: what the last decision that was not a probe chose
         self.reprobe = False  # the last probe found more bandwidth: probe again at once, larger
         self.probing = False  # the last decision was a probe
         self.probe_scale = 1.0  # doubles with each probe that found more (BBR's startup), back to 1 after
@@ -394,7 +415,11 @@ class TimeToAccuracyController(Policy):
             self.quiet_probes = 0 if self.reprobe else self.quiet_probes + 1
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
-        self.selection.add(m.elements_sent, m.selection_seconds)
+        if self.last.rank and not self.last.dense:  # the measured step was PowerSGD's: its own cost, not TopK's
+            if m.selection_seconds > 0:
+                self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
+        else:
+            self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
         if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
             w = self.KNEE_WEIGHT if self.knee_updates else 1.0
@@ -424,6 +449,12 @@ class TimeToAccuracyController(Policy):
         bw = self.sensor.bandwidth
         if d.dense:
             return self.compute_s + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
+        if d.rank:
+            matrices, whole = self.low_ranks[d.rank]
+            wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
+            # Two collectives, the first waited for inside the backward pass: one more fixed time than TopK's.
+            step = self.compute_s + self.lowrank_per_rank * d.rank + wire / bw + self.sensor.fixed
+            return (1 + self.lowrank_knee / d.rank) * step
         k = d.density * self.numel
         step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
                 + sparse_allgather_bytes(math.ceil(k), self.world, fp16=self.fp16) / bw)
@@ -440,13 +471,14 @@ class TimeToAccuracyController(Policy):
         sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=self.fp16)
         if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16):
             options.append(Decision(density=density, fp16=self.fp16, dense=False))
+        options += [Decision(dense=False, rank=r) for r in self.low_ranks]
         costs = [self.predicted_cost(o) for o in options]
         # Within the model's error of the cheapest: the kind chosen last (no flapping on noise), else
         # the least compression (the more faithful gradient; fp32 over fp16 when neither costs much).
         near = [o for o, c in zip(options, costs, strict=True) if c <= (1 + self.TOLERANCE) * min(costs)]
-        kept = [o for o in near if (o.dense, o.fp16) == self.kind]
+        kept = [o for o in near if (o.dense, o.fp16, o.rank) == self.kind]
         self.last = (kept or near)[0]
-        self.kind = (self.last.dense, self.last.fp16)  # a probe below does not change it
+        self.kind = (self.last.dense, self.last.fp16, self.last.rank)  # a probe below does not change it
         self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
         if self.probing:
             self.last = self.probe(density)
@@ -486,4 +518,7 @@ class TimeToAccuracyController(Policy):
         return Decision(density=d, fp16=self.fp16, dense=False)
 
     def estimates(self) -> dict:
-        return {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt, "est_knee": self.knee}
+        out = {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt, "est_knee": self.knee}
+        if self.low_ranks:
+            out["est_lowrank_s_per_rank"] = self.lowrank_per_rank
+        return out

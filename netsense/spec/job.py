@@ -218,6 +218,8 @@ COMPRESSION = Union("method", {
                                       "the warm start and the residual follow their parameters through DDP's "
                                       "bucket rebuild)"), default=0),
         "errorFeedback": _ERROR_FEEDBACK,
+        # Off by default (PowerSGD as published: momentum in the optimizer); on, it runs as tta's low-rank steps do.
+        "momentumCorrection": F(_MOMENTUM_CORRECTION.node, default=False),
     }, doc="PowerSGD (Vogels et al. 2019), one power iteration a step with warm start, in our hook"),
     "topk": Obj({
         "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
@@ -278,9 +280,17 @@ COMPRESSION = Union("method", {
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
         "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
-        "adaptiveProbing": F(Bool(doc="probe only once the steps since the last probe could have repaid it "
-                                      "(the link's measured chance of change x what probeGain times the "
-                                      "bandwidth would save); false: every probeEvery steps"), default=True),
+        "adaptiveProbing": F(Bool(doc="each probe that finds nothing doubles the spacing to the next (up to 8 x "
+                                      "probeEvery), a change brings it back to probeEvery; false: every "
+                                      "probeEvery steps"), default=True),
+        "lowRanks": F(ListOf(Int(min=1, max=64), max_items=8,
+                             doc="PowerSGD ranks the controller may choose instead of TopK or dense, each priced "
+                                 "as (1 + lowRankKnee/rank) x the dense steps x its measured step time; none by "
+                                 "default (TopK and dense only)"), default=list),
+        "lowRankKnee": F(Float(min=0, doc="the rank at which PowerSGD needs twice the dense steps (the model: "
+                                          "steps x (1 + lowRankKnee/rank)); 2.3 fitted on the tuning task "
+                                          "(testbed/grids/tune-families.yaml)"),
+                         default=2.3),
     }, checks=[_check_momentum], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
