@@ -1,7 +1,8 @@
 """Error feedback as a user relies on it, on real gloo worlds (2 ranks on loopback).
 
-- The adaptive methods (tta, dc2) switch between sparse and dense steps: what a sparse step did not send
-  must reach the model exactly once, across a dense step and back (no gradient mass lost or counted twice).
+- The adaptive methods (tta, dc2) switch between sparse and dense steps, and tta with ``lowRanks`` between TopK
+  and PowerSGD too: what a step did not send must reach the model exactly once, across a switch of family, a
+  dense step and back (no gradient mass lost or counted twice).
 - The paper's method as the paper runs it (``netsense`` with ``errorFeedback: false``): what a step does not
   send is dropped, never carried into a later step.
 
@@ -31,8 +32,20 @@ def _exact_gradient(rank: int, step: int) -> torch.Tensor:
     return torch.randint(-16, 17, (N,), generator=g).float() / 8
 
 
+class Matrix(torch.nn.Module):
+    """One 10 x 5 weight (N entries) whose gradient is the input: a matrix PowerSGD compresses at rank 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(10, N // 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * x.view(self.weight.shape)).sum()
+
+
 def _force(state, method: str, plan: list[str]) -> None:
-    """Make the policy decide ``plan[step]`` for each step: "sparse", "dense" or "dense16". dc2 decides with its own ``decide`` at a density set for the step
+    """Make the policy decide ``plan[step]`` for each step: "sparse", "dense", "dense16" or "lowrank" (PowerSGD
+    at rank 1, tta with lowRanks only). dc2 decides with its own ``decide`` at a density set for the step
     (0.1: sparse; 1: dense, as the all_gather would carry more); tta's decisions have the shapes its
     ``decide`` returns (sparse with fp16 values; dense fp16; dense fp32)."""
     from netsense.control.policies import Decision, DelayDriven
@@ -46,7 +59,7 @@ def _force(state, method: str, plan: list[str]) -> None:
             policy.density = SPARSE_DENSITY if kind == "sparse" else 1.0
             return DelayDriven.decide(policy)
         return {"sparse": Decision(density=SPARSE_DENSITY, fp16=True, dense=False),
-                "dense16": Decision(fp16=True), "dense": Decision()}[kind]
+                "dense16": Decision(fp16=True), "dense": Decision(), "lowrank": Decision(dense=False, rank=1)}[kind]
 
     policy.decide = decide
 
@@ -54,14 +67,14 @@ def _force(state, method: str, plan: list[str]) -> None:
 def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[str]]]) -> dict:
     """Each case (method, config, plan) on a model of its own: per step, what the model received (the
     averaged gradient), what this rank fed in and the residual it holds afterwards (fed and held summed over
-    the ranks); and each step's (dense, fp16) as recorded."""
+    the ranks); and each step's (dense, fp16, rank) as recorded."""
     import torch.distributed as dist
 
     from netsense.compression import register
 
     out = {}
     for name, (method, config, plan) in cases.items():
-        model = torch.nn.Linear(N, 1, bias=False)
+        model = Matrix() if "lowrank" in plan else torch.nn.Linear(N, 1, bias=False)
         ddp = _ddp(model)
         state = register(ddp, {"method": method, **config})
         assert state.memory is not None, f"{method} runs with error feedback by default"
@@ -77,7 +90,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[
         state.finish()
         totals = torch.stack([torch.stack(fed), torch.stack(held)])
         dist.all_reduce(totals)
-        kinds = [(h["dense"], h["fp16"]) for h in state.history]
+        kinds = [(h["dense"], h["fp16"], h["rank"]) for h in state.history]
         out[name] = torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds
     return out
 
@@ -85,9 +98,15 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[
 PLANS = {  # step 0 compressed too: across DDP's bucket rebuild after it
     "tta": ["sparse", "sparse", "sparse", "dense16", "sparse", "sparse", "dense", "sparse"],
     "dc2": ["sparse", "sparse", "sparse", "dense", "sparse", "sparse", "dense", "sparse"],
+    # every switch: TopK -> PowerSGD -> TopK, PowerSGD -> dense -> PowerSGD -> dense -> TopK -> PowerSGD. Dense
+    # at fp32 only: a PowerSGD residual is not a multiple of 1/8, so fp16 would round it (a flush at fp16 is
+    # the tta plan's, after TopK, whose residual is exact).
+    "tta-lowRanks": ["sparse", "lowrank", "lowrank", "sparse", "lowrank", "dense", "lowrank", "dense", "sparse",
+                     "lowrank"],
 }
 SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnKnee": True}, PLANS["tta"]),
-             "dc2": ("dc2", {}, PLANS["dc2"])}
+             "dc2": ("dc2", {}, PLANS["dc2"]),
+             "tta-lowRanks": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"])}
 WORLD = 2
 
 
@@ -105,7 +124,8 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     residual along (none is held after it), and the sparse steps after it start from an empty one."""
     method, _, plan = SWITCHING[case]
     received, fed, held, kinds = switching[0][case]
-    want = [(kind != "sparse", kind != "dense" and method == "tta") for kind in plan]
+    want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "dense16"), int(kind == "lowrank"))
+            for kind in plan]
     assert kinds == want, "the forced plan did not run: the test would not cover a switch"
     assert switching[1][case][3] == kinds
     got_so_far = torch.zeros(N)
@@ -116,10 +136,10 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
         holding = torch.tensor(held[step])
         torch.testing.assert_close(got_so_far, fed_so_far - holding, rtol=0, atol=1e-5,
                                    msg=f"{case} step {step}: received != fed - held")
-        if plan[step] != "sparse":
+        if plan[step].startswith("dense"):
             assert not holding.any(), f"{case} step {step}: a dense step left a residual behind"
         else:
-            assert holding.any(), f"{case} step {step}: a sparse step of 5 of 50 sent everything"
+            assert holding.any(), f"{case} step {step}: a compressed step (5 of 50, or rank 1) sent everything"
     assert switching[1][case][0] == received  # every rank received the same average
 
 

@@ -16,6 +16,7 @@ from netsense.control.policies import (
     StepMeasurement,
     TimeToAccuracyController,
     dense_allreduce_bytes,
+    lowrank_allreduce_bytes,
     sparse_allgather_bytes,
 )
 from netsense.control.sensing import LinkEstimator
@@ -514,3 +515,44 @@ def test_the_value_encoding_is_a_setting_every_sparse_method_honours():
     fp32 = tta(1_000_000, 2, fp16=False)
     fp32.update(StepMeasurement(8e6, 0, 0.002 + 8e6 / (1e10 / 8), 1.0, 1.0))  # a fast link: dense wins
     assert fp32.decide() == Decision(), "with fp32 values tta never sends fp16 dense either"
+
+
+def test_tta_chooses_powersgd_where_its_steps_and_bytes_cost_least_and_leaves_it_when_its_work_costs_more():
+    """lowRanks: PowerSGD priced like TopK, (1 + lowRankKnee/r) x the dense steps x its step time. A 1000 x 1000
+    matrix at 20 Mbit/s with 0.2 s of compute: rank 4 sends 32 kB a step (13 ms), TopK at d* ~1.6% sends 95 kB
+    (38 ms) and needs 1.19x the dense steps against PowerSGD's 1.1x (rank 2: 1.2x, rank 1: 1.4x): rank 4 is
+    cheapest while its own work is unmeasured. Once a rank-4 step took 0.1 s of PowerSGD's own work, every rank costs more than TopK."""
+    n, world, bw = 1_000_000, 2, 20e6 / 8
+    ranks = {r: ([(1000, 1000)], 0) for r in (1, 2, 4)}
+    c = tta(n, world, probe_every=1000, low_ranks=ranks, lowrank_knee=0.4)
+    c.update(m(0, 1.0, compute=0.2, wire=bw))
+    d = c.decide()
+    assert (d.dense, d.rank) == (False, 4)
+    costs = {r: c.predicted_cost(Decision(dense=False, rank=r)) for r in ranks}
+    assert min(costs, key=costs.get) == 4
+    topk = Decision(density=c.sparse_density(), fp16=True, dense=False)
+    assert costs[4] < c.predicted_cost(topk) < costs[1]
+    wire = dense_allreduce_bytes(4 * 2000, world)  # the P's and the Q's of rank 4
+    c.update(StepMeasurement(wire, wire, wire / bw, 0.2, 1.0, selection_seconds=0.1, elements_sent=8000))
+    assert c.lowrank_per_rank == pytest.approx(0.1 / 4)
+    d = c.decide()
+    assert not d.dense and d.rank == 0 and d.fp16, "PowerSGD's measured work made TopK the cheapest"
+    plain = tta(n, world, probe_every=1000)  # no lowRanks: TopK and dense only, as before
+    plain.update(m(0, 1.0, compute=0.2, wire=bw))
+    assert plain.decide().rank == 0
+
+
+def test_tta_prices_powersgds_wire_from_the_matrices_it_compresses():
+    """The bytes a rank costs are lowrank_allreduce_bytes of the model's matrices (the parameters sent whole
+    included): a model of vectors gains nothing from PowerSGD, and the controller sees it."""
+    from netsense.compression.lowrank import layout
+
+    shapes = [(1000, 1000), (1000,), (10, 1000), (10,)]
+    matrices, whole = layout(shapes, 4)
+    assert matrices == [(1000, 1000), (10, 1000)] and whole == 1010
+    assert layout(shapes, 8) == ([(1000, 1000)], 11_010)  # 8 x (10 + 1000) x 2 >= 10,000: the 10 x 1000 goes whole
+    assert layout([(4, 4)], 2) == ([], 16)  # 2 x (4 + 4) x 2 >= 16: sent whole, as the hook does
+    c = tta(1_011_010, 2, probe_every=1000, low_ranks={4: (matrices, whole)}, lowrank_knee=0.4)
+    c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
+    want = lowrank_allreduce_bytes(matrices, whole, 4, 2) / (20e6 / 8) + c.sensor.fixed
+    assert c.predicted_cost(Decision(dense=False, rank=4)) == pytest.approx((1 + 0.4 / 4) * (0.2 + want))
