@@ -165,7 +165,9 @@ def test_a_recorded_spec_that_no_longer_validates_ends_the_job_deletes_its_pods_
     version = kube.job(ns, "legacy")["metadata"]["resourceVersion"]
     time.sleep(2)  # four reconcile intervals
     job = kube.job(ns, "legacy")
-    assert job["metadata"]["resourceVersion"] == version, f"the job is still being written: {job['status']}"
+    writes = [(f.get("manager"), f.get("operation"), f.get("subresource"), f.get("time"))
+              for f in job["metadata"].get("managedFields", [])]  # who wrote last: a status write or metadata
+    assert job["metadata"]["resourceVersion"] == version, f"the job is still being written: {writes} {job['status']}"
     assert job["status"]["phase"] == "Failed"
     assert len(events(kube, ns, "legacy", "InvalidSpec")) == 1
 
