@@ -1,7 +1,8 @@
 """The fair comparison's numbers, recomputed from a committed table alone (testbed/results/<grid>.json, the
 bench's table.json with each seed's record): every figure the README quotes about it is printed here.
 
-    python testbed/fair.py                      # fair4 (set 4 re-run at one encoding, fine sweep), before: eval4
+    python testbed/fair.py                      # every fair grid (fair3, fair4, fair5: sets 3-5 re-run at one
+                                                # encoding, fine sweep), each with its set as it ran before
     python testbed/fair.py --grid fair4 --ours tta --before eval4
 
 Per scenario: the link rates the cells trained under; each method's bytes per element on the wire, mean
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 
@@ -63,19 +65,28 @@ def scenario_report(name: str, rows: list[dict], ours: str) -> list[str]:
     if lows:
         out.append(f"link (Mbit/s, {ours}'s cells): min {min(lows):.0f}, median of medians "
                    f"{statistics.median(meds):.0f}, max {max(highs):.0f}")
-    out += ["", "| method | bytes/element | mean density | TTA s (mean over seeds) | reached |", "|---|---:|---:|---:|:---:|"]
+    out += ["", "| method | bytes/element | mean density | TTA s (mean over seeds) | steps to it (mean) | reached |",
+            "|---|---:|---:|---:|---:|:---:|"]
     for r in sorted(rows, key=lambda r: (mean_tta(r) is None, mean_tta(r) or 0)):
         wire = sorted(set(seeds_of(r, "wire_bytes_per_element")))
         wire = [wire[0], wire[-1]] if len(wire) > 2 else wire  # the range: a method whose index cost varies
         dens = seeds_of(r, "mean_density")
         t = mean_tta(r)
+        tta = "-" if t is None else f"{t:.2f}"
+        steps = f"{statistics.fmean(n):.0f}" if t is not None and (n := seeds_of(r, "steps_to_target")) else "-"
         out.append(f"| {r['method']} | {'-'.join(f'{w:.3g}' for w in wire) or '-'} | "
-                   f"{statistics.fmean(dens):.4f} | {'-' if t is None else f'{t:.2f}'} | {r['reached']} |"
-                   if dens else f"| {r['method']} | - | - | {'-' if t is None else f'{t:.2f}'} | {r['reached']} |")
+                   f"{statistics.fmean(dens):.4f} | {tta} | {steps} | {r['reached']} |"
+                   if dens else f"| {r['method']} | - | - | {tta} | {steps} | {r['reached']} |")
     if mine is None:
         return out + ["", f"({ours} not in this table)"]
+    return out + [""] + comparisons(rows, ours)
+
+
+def comparisons(rows: list[dict], ours: str) -> list[str]:
+    """Ours against the sweep (does it bracket ours, and the hindsight-best member) and every other family."""
+    by = {r["method"]: r for r in rows}
+    mine, out = by[ours], []
     sweep = {m: r for m, r in by.items() if family(m) == "fixed TopK"}
-    out.append("")
     if sweep:
         densities = [statistics.fmean(d) for r in sweep.values() if (d := seeds_of(r, "mean_density"))]
         chose = seeds_of(mine, "mean_density")
@@ -99,32 +110,83 @@ def scenario_report(name: str, rows: list[dict], ours: str) -> list[str]:
     return out
 
 
-def before_lines(before: str, scenario: str, ours: str) -> list[str]:
+def before_lines(before: str, scenario: str, ours: str, rows: list[dict]) -> list[str]:
+    """The scenario's lead as the earlier table printed it, and ours against the same method now."""
     path = os.path.join(RESULTS, f"{before}.json")
     if not os.path.exists(path):
         return []
     row = next((r for r in json.load(open(path)) if r["scenario"] == scenario and r["method"] == ours), None)
     if not row or row.get("paired_ratio") is None:
         return []
-    return [f"before ({before}.json, its own columns): {ours} {row['paired_ratio']:.2f} "
-            f"[{row['ratio_lo']:.2f}, {row['ratio_hi']:.2f}] vs {row['vs']} (n={row['pairs']}), "
-            f"mean density {row['mean_density']:.4f}, TTA {row['tta_mean_s']:.2f} s"]
+    out = [f"before ({before}.json, its own columns): {ours} {row['paired_ratio']:.2f} "
+           f"[{row['ratio_lo']:.2f}, {row['ratio_hi']:.2f}] vs {row['vs']} (n={row['pairs']}), "
+           f"mean density {row['mean_density']:.4f}, TTA {row['tta_mean_s']:.2f} s"]
+    by = {r["method"]: r for r in rows}
+    if ours in by and row["vs"] in by:
+        out.append(f"now against the same method: {ours} / {row['vs']} "
+                   + ratio_text(times(by[ours]), times(by[row["vs"]])))
+    return out
+
+
+FAIR = {"fair3": "eval3", "fair4": "eval4", "fair5": "eval5"}  # each fair grid -> its set as it ran before
+
+
+# Cells whose timing was disturbed, with why: reported as they ran, and each comparison again without them
+# (every pair that has one of them dropped), so a reader sees whether they move a verdict.
+DISTURBED = {
+    "fair3": ("ran while a build (nice 19, Go compiler) shared the 2 cores, 12:29:30-12:40:50 UTC (the cells' "
+              "profile-start times in runs/final/fair3)",
+              {"dc2": [81], "netsense": [83], "powersgd-r4": [84, 85, 86], "powersgd-r8": [80, 83, 89],
+               "topk-0.001": [86], "topk-0.002": [80], "topk-0.003": [86], "topk-0.005": [83], "topk-0.01": [80],
+               "topk-0.02": [84, 87], "topk-0.03": [84, 85, 86], "topk-0.1": [83, 84, 88], "tta": [82, 84, 85]}),
+}
+
+
+def without(rows: list[dict], cells: dict[str, list[int]]) -> list[dict]:
+    """The rows with the listed cells removed (a pair needs both cells, so ours's pairs with them go too)."""
+    return [{**r, "per_seed": [s for s in r.get("per_seed", []) if s["seed"] not in cells.get(r["method"], [])]}
+            for r in rows]
+
+
+def slowdown(rows: list[dict], cells: dict[str, list[int]]) -> float:
+    """How much longer the listed cells took than their method's mean over its other seeds (geometric mean)."""
+    logs = []
+    for r in rows:
+        t = times(r)
+        rest = [v for s, v in t.items() if s not in cells.get(r["method"], []) and v is not None]
+        logs += [math.log(t[s] / statistics.fmean(rest)) for s in cells.get(r["method"], []) if t.get(s) and rest]
+    return math.exp(statistics.fmean(logs))
+
+
+def report(grid: str, table: str, ours: str, before: str) -> None:
+    rows = json.load(open(table))
+    code = rows[0].get("code_commit") or rows[0].get("commit") or "unknown"
+    print(f"# {grid}: recomputed from the per-seed records (package as last changed in {code[:12]})\n")
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        here = [r for r in rows if r["scenario"] == scenario]
+        print("\n".join(scenario_report(scenario, here, ours)))
+        print("\n".join(before_lines(before, scenario, ours, here)))
+        if grid in DISTURBED and any(r["method"] == ours for r in here):
+            why, cells = DISTURBED[grid]
+            print(f"\nwithout the {sum(map(len, cells.values()))} cells that {why}; they took "
+                  f"{slowdown(here, cells):.2f}x their method's mean TTA over its other seeds (geometric mean):")
+            print("\n".join(comparisons(without(here, cells), ours)))
+        print()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", default="fair4", help="the table: testbed/results/GRID.json (default fair4)")
+    ap.add_argument("--grid", help="the table: testbed/results/GRID.json (default: every fair grid that landed)")
     ap.add_argument("--ours", default="tta", help="our method's label (default tta)")
-    ap.add_argument("--before", default="eval4", help="the earlier table of the same scenarios (default eval4)")
-    ap.add_argument("--table", help="a table.json elsewhere (e.g. runs/final/fair4/table.json)")
+    ap.add_argument("--before", help="the earlier table of the same scenarios (default: the grid's set, e.g. eval4)")
+    ap.add_argument("--table", help="a table.json elsewhere (e.g. runs/final/fair4/table.json; needs --grid)")
     args = ap.parse_args()
-    rows = json.load(open(args.table or os.path.join(RESULTS, f"{args.grid}.json")))
-    code = rows[0].get("code_commit") or rows[0].get("commit") or "unknown"
-    print(f"# {args.grid}: recomputed from the per-seed records (package as last changed in {code[:12]})\n")
-    for scenario in dict.fromkeys(r["scenario"] for r in rows):
-        print("\n".join(scenario_report(scenario, [r for r in rows if r["scenario"] == scenario], args.ours)))
-        print("\n".join(before_lines(args.before, scenario, args.ours)))
-        print()
+    if args.table and not args.grid:
+        ap.error("--table needs --grid (the name its numbers are reported under)")
+    grids = [args.grid] if args.grid else [g for g in FAIR if os.path.exists(os.path.join(RESULTS, f"{g}.json"))]
+    for grid in grids:
+        report(grid, args.table or os.path.join(RESULTS, f"{grid}.json"), args.ours,
+               args.before or FAIR.get(grid, ""))
 
 
 if __name__ == "__main__":
