@@ -1,0 +1,101 @@
+"""Fit tta's step priors from the tuning runs (testbed/grids/tune-families.yaml), and print every number the
+README quotes about them.
+
+    python testbed/fit_families.py                           # testbed/results/tune-families.json
+    python testbed/fit_families.py --table runs/tune-families/table.json
+
+Per method, the steps to the target over allreduce's on the same seed (paired), their mean over seeds; then
+
+- PowerSGD: ``steps = (1 + lowRankKnee / r) x dense``, lowRankKnee by least squares over every (rank, seed):
+  lowRankKnee = sum((ratio - 1) / r) / sum(1 / r^2);
+- TopK: the controller's law ``1 + kneeDensity / d`` fitted the same way (kneeDensity = sum((ratio - 1) / d) /
+  sum(1 / d^2)), and a two-parameter law ``1 + (knee / d) ** p`` fitted by least squares on log(ratio - 1)
+  against log d (mean ratios above 1 only), each law's prediction beside the measured mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def steps(row: dict) -> dict[int, int]:
+    return {s["seed"]: s["steps_to_target"] for s in row["per_seed"] if s.get("steps_to_target") is not None}
+
+
+def ratios(rows: list[dict], dense: str = "allreduce") -> dict[str, list[float]]:
+    """Each method's steps to the target over the dense method's, per common seed."""
+    base = steps(next(r for r in rows if r["method"] == dense))
+    out = {}
+    for r in rows:
+        mine = steps(r)
+        common = sorted(set(mine) & set(base))
+        if r["method"] != dense and common:
+            out[r["method"]] = [mine[s] / base[s] for s in common]
+    return out
+
+
+def parameter(method: str, prefix: str) -> float:
+    return float(method[len(prefix):])
+
+
+def fit_inverse(points: list[tuple[float, float]]) -> float:
+    """c minimizing sum (ratio - 1 - c / x)^2 over (x, ratio)."""
+    return sum((ratio - 1) / x for x, ratio in points) / sum(1 / x ** 2 for x, _ in points)
+
+
+def fit_power(means: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(knee, p) of ratio = 1 + (knee / d) ** p: least squares of log(ratio - 1) on log d."""
+    pts = [(math.log(d), math.log(r - 1)) for d, r in means if r > 1]
+    if len(pts) < 2:
+        return None
+    xm, ym = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    slope = sum((x - xm) * (y - ym) for x, y in pts) / sum((x - xm) ** 2 for x, _ in pts)
+    p = -slope
+    return math.exp((ym - slope * xm) / p), p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
+    args = ap.parse_args()
+    rows = json.load(open(args.table))
+    dense = statistics.fmean(steps(next(r for r in rows if r["method"] == "allreduce")).values())
+    per = ratios(rows)
+    print(f"# {os.path.basename(args.table)}: steps to the target over allreduce's (mean {dense:.1f} steps), "
+          f"paired by seed\n")
+
+    low = {parameter(m, "powersgd-r"): v for m, v in per.items() if m.startswith("powersgd-r")}
+    if low:
+        knee = fit_inverse([(r, x) for r, xs in low.items() for x in xs])
+        print(f"PowerSGD: lowRankKnee = {knee:.3f}\n")
+        print("| rank | seeds | steps / dense (mean, min-max) | 1 + lowRankKnee/r |\n|---:|---:|---:|---:|")
+        for r in sorted(low):
+            xs = low[r]
+            print(f"| {r:g} | {len(xs)} | {statistics.fmean(xs):.2f} ({min(xs):.2f}-{max(xs):.2f}) | {1 + knee / r:.2f} |")
+        print()
+
+    top = {parameter(m, "topk-"): v for m, v in per.items() if m.startswith("topk-")}
+    if top:
+        knee = fit_inverse([(d, x) for d, xs in top.items() for x in xs])
+        means = [(d, statistics.fmean(xs)) for d, xs in sorted(top.items())]
+        power = fit_power(means)
+        print(f"TopK: 1 + kneeDensity/d fits kneeDensity = {knee:.4f} (the default is 0.003)"
+              + (f"; 1 + (knee/d)^p fits knee = {power[0]:.4f}, p = {power[1]:.2f}" if power else ""))
+        print()
+        print("| density | seeds | steps / dense (mean, min-max) | 1 + 0.003/d | 1 + kneeDensity/d (fit) |"
+              + (" 1 + (knee/d)^p |" if power else "") + "\n|---:|---:|---:|---:|---:|" + ("---:|" if power else ""))
+        for d, mean in means:
+            xs = top[d]
+            cells = [f"{d:g}", str(len(xs)), f"{mean:.2f} ({min(xs):.2f}-{max(xs):.2f})", f"{1 + 0.003 / d:.2f}",
+                     f"{1 + knee / d:.2f}"] + ([f"{1 + (power[0] / d) ** power[1]:.2f}"] if power else [])
+            print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
