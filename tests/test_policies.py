@@ -556,3 +556,27 @@ def test_tta_prices_powersgds_wire_from_the_matrices_it_compresses():
     c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
     want = lowrank_allreduce_bytes(matrices, whole, 4, 2) / (20e6 / 8) + c.sensor.fixed
     assert c.predicted_cost(Decision(dense=False, rank=4)) == pytest.approx((1 + 0.4 / 4) * (0.2 + want))
+
+
+def test_tta_with_the_power_step_law_sends_about_an_eighth_of_the_fixed_step_and_follows_the_link_linearly():
+    """stepLaw power: steps = d^-q x dense, so d* = q/(1-q) x (C + F) / (N (s + w)): the sparse payload's wire
+    is q/(1-q) of the step's fixed seconds, and a link ten times slower makes d* ten times lower (the inverse
+    law: sqrt(10))."""
+    n, world, q = 10_000_000, 2, 0.109
+    c = TimeToAccuracyController(n, world, step_law="power", density_exponent=q, probe_every=1000, min_density=1e-5)
+    bw = 200e6 / 8
+    c.update(m(0, 1.0, compute=0.2, wire=bw))
+    d = c.decide()
+    assert not d.dense
+    assert d.density * n * 6 / bw == pytest.approx(q / (1 - q) * 0.2, rel=1e-6)
+    for other in (d.density * 0.8, d.density * 1.25, d.density * 4, d.density / 4):
+        assert c.predicted_cost(d) < c.predicted_cost(Decision(density=other, fp16=True, dense=False))
+    assert c.predicted_cost(Decision(density=0.01, fp16=True, dense=False)) == pytest.approx(
+        0.01 ** -q * (0.2 + 0.01 * n * 6 / bw))
+    slow = TimeToAccuracyController(n, world, step_law="power", density_exponent=q, probe_every=1000,
+                                    min_density=1e-5)
+    slow.update(m(0, 1.0, compute=0.2, wire=bw / 10))
+    assert slow.decide().density == pytest.approx(d.density / 10, rel=1e-6)
+    assert "est_knee" not in c.estimates(), "the power law estimates no knee"
+    with pytest.raises(ValueError, match="learn_knee"):
+        TimeToAccuracyController(n, world, step_law="power", learn_knee=True)

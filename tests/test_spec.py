@@ -190,6 +190,12 @@ def test_momentum_masking_without_correction_is_refused_by_name():
         parse_job(doc(compression={"method": "tta", "momentumCorrection": False, "momentumMasking": True}))
 
 
+def test_learning_the_knee_under_the_power_step_law_is_refused_by_name():
+    with pytest.raises(SpecError, match=r"compression\.learnKnee: learns the knee of stepLaw inverse"):
+        parse_job(doc(compression={"method": "tta", "stepLaw": "power", "learnKnee": True}))
+    assert parse_job(doc(compression={"method": "tta", "stepLaw": "power"})).compression["densityExponent"] == 0.109
+
+
 @pytest.mark.parametrize("old", ["overlap", "ours"])
 def test_the_controllers_old_names_still_work_with_a_warning(old):
     with pytest.warns(FutureWarning, match="'tta'"):
@@ -217,7 +223,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
         job = parse_spec({"compression": old})
     assert job.compression == {"method": "tta", "values": "fp16", "errorFeedback": True, "momentumCorrection": True,
                                "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
-                               "learnKnee": False,
+                               "learnKnee": False, "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
                                "adaptiveProbing": True, "lowRanks": [], "lowRankKnee": 2.3}
     with pytest.raises(SpecError, match="density: applies to method topk"):

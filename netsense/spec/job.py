@@ -152,6 +152,11 @@ def _check_momentum(c: dict, path: str, errors: Errors) -> None:
                                               "keeps, and without correction the optimizer keeps it")
 
 
+def _check_step_law(c: dict, path: str, errors: Errors) -> None:
+    if c["learnKnee"] and c["stepLaw"] != "inverse":
+        errors.add(f"{path}.learnKnee", "learns the knee of stepLaw inverse, not the power law's exponent")
+
+
 def _check_netsense(c: dict, path: str, errors: Errors) -> None:
     if not c["minRatio"] <= c["initialRatio"] <= c["maxRatio"]:
         errors.add(f"{path}.initialRatio", "must lie between minRatio and maxRatio")
@@ -276,6 +281,13 @@ COMPRESSION = Union("method", {
                                 "makes along the next step's gradient) instead of keeping kneeDensity, which is "
                                 "then the prior"),
                        default=False),
+        "stepLaw": F(Str(enum=("inverse", "power"),
+                         doc="TopK's steps over the dense steps at density d: inverse, 1 + kneeDensity/d; power, "
+                             "d^-densityExponent (the shape the tuning runs measured with momentum correction)"),
+                     default="inverse"),
+        "densityExponent": F(Float(min=0, max=0.9, exclusive_min=True,
+                                   doc="q of the power law (steps x d^-q); 0.109 fitted on the tuning task "
+                                       "(testbed/grids/tune-families.yaml)"), default=0.109),
         "minDensity": _MIN_DENSITY,
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
@@ -291,7 +303,7 @@ COMPRESSION = Union("method", {
                                           "steps x (1 + lowRankKnee/rank)); 2.3 fitted on the tuning task "
                                           "(testbed/grids/tune-families.yaml)"),
                          default=2.3),
-    }, checks=[_check_momentum], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+    }, checks=[_check_momentum, _check_step_law], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")
