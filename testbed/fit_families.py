@@ -10,7 +10,15 @@ Per method, the steps to the target over allreduce's on the same seed (paired), 
   lowRankKnee = sum((ratio - 1) / r) / sum(1 / r^2);
 - TopK: the controller's law ``1 + kneeDensity / d`` fitted the same way (kneeDensity = sum((ratio - 1) / d) /
   sum(1 / d^2)), and a two-parameter law ``1 + (knee / d) ** p`` fitted by least squares on log(ratio - 1)
-  against log d (mean ratios above 1 only), each law's prediction beside the measured mean.
+  against log d (mean ratios above 1 only), and the one-parameter power law ``d ** -q`` (tta's stepLaw power:
+  q = sum(log ratio x log(1/d)) / sum(log(1/d)^2) over every (density, seed)), each law's prediction beside the
+  measured mean.
+
+With ``--check GRID...`` (results under testbed/results, e.g. fair3 fair4 fair5: tasks the laws were never fitted
+on), per scenario of each grid and per law (the inverse law at kneeDensity 0.003, the power law at the fitted
+q): the predicted steps over the measured at each density of the fixed TopK sweep, the task's dense steps
+fitted as the law's scale (geometric mean: the grids have no dense run), and the density each law would choose
+from the sweep's measured step times (the argmin of law x seconds a step) beside the hindsight-best one.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Callable
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -60,9 +69,45 @@ def fit_power(means: list[tuple[float, float]]) -> tuple[float, float] | None:
     return math.exp((ym - slope * xm) / p), p
 
 
+def fit_exponent(points: list[tuple[float, float]]) -> float:
+    """q minimizing sum (log ratio - q log(1/d))^2 over (d, ratio): ratio = d ** -q."""
+    return (sum(math.log(x) * math.log(1 / d) for d, x in points)
+            / sum(math.log(1 / d) ** 2 for d, _ in points))
+
+
+def complete(row: dict) -> list[dict] | None:
+    """A row's per-seed records, if every seed reached the target."""
+    seeds = row.get("per_seed", [])
+    ok = all(s.get("steps_to_target") and s.get("time_to_accuracy_s") for s in seeds)
+    return seeds if seeds and ok else None
+
+
+def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
+    rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        sweep = {}  # density -> (mean steps, mean seconds a step, mean TTA)
+        for r in rows:
+            seeds = complete(r) if r["scenario"] == scenario and r["method"].startswith("topk-") else None
+            if seeds:
+                sweep[parameter(r["method"], "topk-")] = (
+                    statistics.fmean(s["steps_to_target"] for s in seeds),
+                    statistics.fmean(s["time_to_accuracy_s"] / s["steps_to_target"] for s in seeds),
+                    statistics.fmean(s["time_to_accuracy_s"] for s in seeds))
+        best = min(sweep, key=lambda d: sweep[d][2])
+        print(f"{grid} {scenario}: hindsight-best fixed {best:g} ({sweep[best][2]:.2f} s)")
+        for name, law in laws.items():
+            scale = math.exp(statistics.fmean(math.log(st / law(d)) for d, (st, _, _) in sweep.items()))
+            off = " ".join(f"{d:g}: {law(d) * scale / st:.2f}" for d, (st, _, _) in sorted(sweep.items()))
+            pick = min(sweep, key=lambda d: law(d) * sweep[d][1])
+            print(f"  {name}: predicted / measured steps {off}; would choose {pick:g} "
+                  f"({sweep[pick][2]:.2f} s, {sweep[pick][2] / sweep[best][2]:.2f}x the best)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
+    ap.add_argument("--check", nargs="*", default=[], metavar="GRID",
+                    help="evaluation grids (testbed/results/GRID.json) to check the fitted laws on")
     args = ap.parse_args()
     rows = json.load(open(args.table))
     dense = statistics.fmean(steps(next(r for r in rows if r["method"] == "allreduce")).values())
@@ -85,16 +130,22 @@ def main() -> None:
         knee = fit_inverse([(d, x) for d, xs in top.items() for x in xs])
         means = [(d, statistics.fmean(xs)) for d, xs in sorted(top.items())]
         power = fit_power(means)
+        q = fit_exponent([(d, x) for d, xs in top.items() for x in xs])
         print(f"TopK: 1 + kneeDensity/d fits kneeDensity = {knee:.4f} (the default is 0.003)"
-              + (f"; 1 + (knee/d)^p fits knee = {power[0]:.4f}, p = {power[1]:.2f}" if power else ""))
+              + (f"; 1 + (knee/d)^p fits knee = {power[0]:.4f}, p = {power[1]:.2f}" if power else "")
+              + f"; d^-q fits q = {q:.3f} (stepLaw power's densityExponent)")
         print()
-        print("| density | seeds | steps / dense (mean, min-max) | 1 + 0.003/d | 1 + kneeDensity/d (fit) |"
-              + (" 1 + (knee/d)^p |" if power else "") + "\n|---:|---:|---:|---:|---:|" + ("---:|" if power else ""))
+        print("| density | seeds | steps / dense (mean, min-max) | 1 + 0.003/d | 1 + kneeDensity/d (fit) | d^-q |"
+              + (" 1 + (knee/d)^p |" if power else "") + "\n|---:|---:|---:|---:|---:|---:|" + ("---:|" if power else ""))
         for d, mean in means:
             xs = top[d]
             cells = [f"{d:g}", str(len(xs)), f"{mean:.2f} ({min(xs):.2f}-{max(xs):.2f})", f"{1 + 0.003 / d:.2f}",
-                     f"{1 + knee / d:.2f}"] + ([f"{1 + (power[0] / d) ** power[1]:.2f}"] if power else [])
+                     f"{1 + knee / d:.2f}", f"{d ** -q:.2f}"] + ([f"{1 + (power[0] / d) ** power[1]:.2f}"] if power else [])
             print("| " + " | ".join(cells) + " |")
+        if args.check:
+            print()
+        for grid in args.check:
+            check(grid, {"inverse (1 + 0.003/d)": lambda d: 1 + 0.003 / d, f"power (d^-{q:.3f})": lambda d, q=q: d ** -q})
 
 
 if __name__ == "__main__":
