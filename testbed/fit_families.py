@@ -7,7 +7,7 @@ README quotes about them.
 Per method, the steps to the target over allreduce's on the same seed (paired), their mean over seeds; then
 
 - PowerSGD: ``steps = (1 + lowRankKnee / r) x dense``, lowRankKnee by least squares over every (rank, seed):
-  lowRankKnee = sum((ratio - 1) / r) / sum(1 / r^2);
+  lowRankKnee = sum((ratio - 1) / r) / sum(1 / r^2); and ``1 + c / r^p`` (c, p by least squares);
 - TopK: the controller's law ``1 + kneeDensity / d`` fitted the same way (kneeDensity = sum((ratio - 1) / d) /
   sum(1 / d^2)), and a two-parameter law ``1 + (knee / d) ** p`` fitted by least squares on log(ratio - 1)
   against log d (mean ratios above 1 only), and the one-parameter power law ``d ** -q`` (tta's stepLaw power:
@@ -69,6 +69,18 @@ def fit_power(means: list[tuple[float, float]]) -> tuple[float, float] | None:
     return math.exp((ym - slope * xm) / p), p
 
 
+def fit_rank_power(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(c, p) of ratio = 1 + c / r^p by least squares: for each p on a grid of 0.05 from 0.25 to 3, c in closed
+    form; the p with the least squared error."""
+    best = None
+    for p in (i / 20 for i in range(5, 61)):
+        c = sum((x - 1) / r ** p for r, x in points) / sum(1 / r ** (2 * p) for r, _ in points)
+        err = sum((x - 1 - c / r ** p) ** 2 for r, x in points)
+        if best is None or err < best[0]:
+            best = (err, c, p)
+    return best[1], best[2]
+
+
 def fit_exponent(points: list[tuple[float, float]]) -> float:
     """q minimizing sum (log ratio - q log(1/d))^2 over (d, ratio): ratio = d ** -q."""
     return (sum(math.log(x) * math.log(1 / d) for d, x in points)
@@ -117,8 +129,10 @@ def main() -> None:
 
     low = {parameter(m, "powersgd-r"): v for m, v in per.items() if m.startswith("powersgd-r")}
     if low:
-        knee = fit_inverse([(r, x) for r, xs in low.items() for x in xs])
-        print(f"PowerSGD: lowRankKnee = {knee:.3f}\n")
+        points = [(r, x) for r, xs in low.items() for x in xs]
+        knee = fit_inverse(points)
+        c, p = fit_rank_power(points)
+        print(f"PowerSGD: lowRankKnee = {knee:.3f}; 1 + c / r^p fits c = {c:.2f}, p = {p:.2f}\n")
         print("| rank | seeds | steps / dense (mean, min-max) | 1 + lowRankKnee/r |\n|---:|---:|---:|---:|")
         for r in sorted(low):
             xs = low[r]
