@@ -59,7 +59,8 @@ def _force(state, method: str, plan: list[str]) -> None:
             policy.density = SPARSE_DENSITY if kind == "sparse" else 1.0
             return DelayDriven.decide(policy)
         return {"sparse": Decision(density=SPARSE_DENSITY, fp16=True, dense=False),
-                "dense16": Decision(fp16=True), "dense": Decision(), "lowrank": Decision(dense=False, rank=1)}[kind]
+                "dense16": Decision(fp16=True), "dense": Decision(), "lowrank": Decision(dense=False, rank=1),
+                "padded": Decision(density=SPARSE_DENSITY, fp16=True, dense=False, pad=0.3)}[kind]
 
     policy.decide = decide
 
@@ -91,7 +92,8 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[
         totals = torch.stack([torch.stack(fed), torch.stack(held)])
         dist.all_reduce(totals)
         kinds = [(h["dense"], h["fp16"], h["rank"]) for h in state.history]
-        out[name] = torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds
+        out[name] = (torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds,
+                     [h["wire_bytes"] for h in state.history])
     return out
 
 
@@ -104,9 +106,12 @@ PLANS = {  # step 0 compressed too: across DDP's bucket rebuild after it
     "tta-lowRanks": ["sparse", "lowrank", "lowrank", "sparse", "lowrank", "dense", "lowrank", "dense", "sparse",
                      "lowrank"],
 }
+PADDED = ["sparse", "padded", "padded", "sparse", "padded"]  # tta's padded probes (probePadding) among its steps
 SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnKnee": True}, PLANS["tta"]),
              "dc2": ("dc2", {}, PLANS["dc2"]),
-             "tta-lowRanks": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"])}
+             "tta-lowRanks": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"]),
+             "tta-padded": ("tta", {"probePadding": True}, PADDED),
+             "tta-unpadded": ("tta", {}, ["sparse"] * len(PADDED))}
 WORLD = 2
 
 
@@ -123,8 +128,9 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     what they still hold: mass is neither lost at a switch nor counted twice. A dense step sends the
     residual along (none is held after it), and the sparse steps after it start from an empty one."""
     method, _, plan = SWITCHING[case]
-    received, fed, held, kinds = switching[0][case]
-    want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "dense16"), int(kind == "lowrank"))
+    received, fed, held, kinds, _ = switching[0][case]
+    want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "padded", "dense16"),
+             int(kind == "lowrank"))
             for kind in plan]
     assert kinds == want, "the forced plan did not run: the test would not cover a switch"
     assert switching[1][case][3] == kinds
@@ -141,6 +147,19 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
         else:
             assert holding.any(), f"{case} step {step}: a compressed step (5 of 50, or rank 1) sent everything"
     assert switching[1][case][0] == received  # every rank received the same average
+
+
+@pytest.mark.gloo
+def test_a_padded_probe_carries_the_probes_bytes_and_trains_as_an_ordinary_step(switching: list[dict]):
+    """probePadding: a probe sends the step's own selection and zeros up to its size. The model receives
+    exactly what the same steps without the padding give it (no backlog released), and the wire carries the
+    probe's bytes: (5 + 15) entries of 6 bytes from each of the 2 ranks instead of 5."""
+    padded, plain = switching[0]["tta-padded"], switching[0]["tta-unpadded"]
+    assert padded[0] == plain[0] and padded[2] == plain[2], "padding changed what the model received or kept"
+    for step, kind in enumerate(PADDED):
+        entries = 5 + (15 if kind == "padded" else 0)
+        assert padded[4][step] == entries * 6, f"step {step} ({kind}): {padded[4][step]} bytes on the wire"
+    assert plain[4] == [5 * 6] * len(PADDED)
 
 
 NETSENSE_FIXED = {"method": "netsense", "quantize": False, "pruneFactor": 0.0,

@@ -580,3 +580,23 @@ def test_tta_with_the_power_step_law_sends_about_an_eighth_of_the_fixed_step_and
     assert "est_knee" not in c.estimates(), "the power law estimates no knee"
     with pytest.raises(ValueError, match="learn_knee"):
         TimeToAccuracyController(n, world, step_law="power", learn_knee=True)
+
+
+def test_a_padded_probe_is_as_large_as_a_plain_one_but_sends_only_the_ordinary_selection():
+    """probePadding: the probe's bytes are the same (capped at a dense fp16 step's), its selection the
+    ordinary density; where a plain probe would go dense (and flush the residual) a padded one stays sparse."""
+    n = 10_000_000
+    plain, padded = tta(n, 2, probe_every=1000), tta(n, 2, probe_every=1000, probe_padding=True)
+    for c in (plain, padded):
+        c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
+    density = plain.sparse_density()
+    big, small = plain.probe(density), padded.probe(density)
+    assert not big.dense and big.pad == 0
+    assert small.density == density and small.density + small.pad == pytest.approx(big.density)
+    for c in (plain, padded):
+        c.probe_scale = 1e4  # startup doubling past the dense gradient's bytes
+    assert plain.probe(density) == Decision(fp16=True), "a plain probe this large is a dense step"
+    capped = padded.probe(density)
+    assert not capped.dense and capped.density == density
+    assert sparse_allgather_bytes(math.ceil((capped.density + capped.pad) * n), 2, fp16=True) == pytest.approx(
+        dense_allreduce_bytes(n, 2, fp16=True), rel=1e-6)

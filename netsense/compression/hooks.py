@@ -158,13 +158,17 @@ class CompressionState(MeasuredState):
         packed = self.topk.compress(bucket, k, d.fp16, d.prune, self.memory)
         if self.momentum is not None:
             self.momentum.sent(bucket.index(), packed[:4 * k].view(torch.int32))
+        selected, pad = k, math.ceil(d.pad * n)
+        if pad:  # a padded probe: zeros after the selection (index 0, value 0: they add nothing)
+            packed = padded(packed, k, pad)
+            k += pad
         ws = self.topk.workspace(bucket)
         gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         c = self.counts
         c.selection_seconds += time.perf_counter() - t0
         c.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
         c.payload_bytes += packed.numel()
-        c.elements_sent += k
+        c.elements_sent += selected  # the selection's work: padding costs none
         c.elements_total += n
         return communicator.allgather(gathered, packed, self.group, self.timer,
                                       lambda _: TopK.decompress(buf, gathered, k, d.fp16, self.world))
@@ -199,6 +203,13 @@ class CompressionState(MeasuredState):
             return buf
 
         return communicator.allreduce(second, self.group, self.timer, done)
+
+
+def padded(packed: torch.Tensor, k: int, pad: int) -> torch.Tensor:
+    """A packed (k indices, k values) chunk with ``pad`` zero entries after each part: (k + pad) of each."""
+    value_bytes = (packed.numel() - 4 * k) // k
+    zeros = packed.new_zeros(4 * pad), packed.new_zeros(value_bytes * pad)
+    return torch.cat([packed[:4 * k], zeros[0], packed[4 * k:], zeros[1]])
 
 
 def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -292,6 +292,11 @@ COMPRESSION = Union("method", {
         "window": _WINDOW,
         "probeEvery": F(Int(min=2, doc="steps between bandwidth probes"), default=8),
         "probeGain": F(Float(min=1, exclusive_min=True, doc="payload gain while probing"), default=2.0),
+        "probePadding": F(Bool(doc="a probe sends the step's own selection and zeros up to its size (at most a "
+                                   "dense fp16 step's bytes): the link is measured and the training sees an "
+                                   "ordinary step; false: the probe sends that many more of the residual's "
+                                   "largest entries (dense above the dense step's bytes), releasing its backlog"),
+                          default=False),
         "adaptiveProbing": F(Bool(doc="each probe that finds nothing doubles the spacing to the next (up to 8 x "
                                       "probeEvery), a change brings it back to probeEvery; false: every "
                                       "probeEvery steps"), default=True),
