@@ -175,3 +175,47 @@ def test_the_api_server_keeps_the_output_path_inside_the_volume(kube, ns, path):
     assert e.value.status == 422 and "spec.output.path" in message, message
     job["spec"]["output"]["path"] = "runs/..x/.y"  # dots inside names are fine
     kube.custom.create_namespaced_custom_object("netsense.dev", "v1alpha1", ns, "netsensejobs", job)
+
+
+def test_reading_a_cells_files_never_borrows_the_processes_api_client(monkeypatch):
+    """kubernetes.stream swaps its client's call_api for a websocket one while it opens an exec: on the shared
+    client, a cell's status poll in another thread went out as a websocket upgrade in that window (an e2e
+    campaign ended "Handshake status 200 OK"). Each read opens its exec on a client of its own, and the shared
+    client is left as it was, even with two reads at once."""
+    import threading
+
+    import kubernetes.stream
+    from kubernetes import client
+
+    from netsense.bench.artifacts import VolumeReader
+
+    reader = VolumeReader("ns", "claim", "image", "campaign")
+    shared = reader.api.api_client
+    shared_call = shared.call_api
+    used, both_inside = [], threading.Barrier(2, timeout=10)
+
+    class Done:
+        returncode = 0
+
+        def is_open(self):
+            return False
+
+        def close(self):
+            pass
+
+    def fake_stream(api_method, *args, **kwargs):
+        own = api_method.__self__.api_client
+        used.append(own)
+        own.call_api = "swapped"  # what the real stream does while it opens the exec
+        both_inside.wait()  # two reads inside at once
+        return Done()
+
+    monkeypatch.setattr(kubernetes.stream, "stream", fake_stream)
+    threads = [threading.Thread(target=reader.fetch, args=(f"p{i}", "/nonexistent")) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(used) == 2 and used[0] is not used[1]
+    assert all(c is not shared and isinstance(c, client.ApiClient) for c in used)
+    assert shared.call_api == shared_call, "the shared client was changed"

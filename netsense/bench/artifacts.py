@@ -123,11 +123,21 @@ class VolumeReader:
     def fetch(self, path: str, dest: str, timeout_s: float = 600) -> list[str]:
         """Copy the volume's directory ``path`` into ``dest`` (created); returns the files, [] where the volume
         has no such directory (a cell that failed before any rank wrote)."""
-        from kubernetes.stream import stream
+        from kubernetes import client
 
         script = (f"cd {READER_MOUNT} && if [ -d {shlex.quote(path)} ]; then "
                   f"tar -C {shlex.quote(path)} -czf - . | base64; fi")
-        resp = stream(self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
+        # An API client of this call's own: kubernetes.stream swaps its client's call_api for a websocket one
+        # while it opens the exec, so on a shared client another thread's plain request in that window went
+        # out as a websocket upgrade ("Handshake status 200 OK"), and two streams at once (--parallel cells
+        # collected together) could leave the swap in place for good.
+        with client.ApiClient() as own:
+            return self._fetch(client.CoreV1Api(own), path, dest, script, timeout_s)
+
+    def _fetch(self, api, path: str, dest: str, script: str, timeout_s: float) -> list[str]:
+        from kubernetes.stream import stream
+
+        resp = stream(api.connect_get_namespaced_pod_exec, self.name, self.namespace,
                       command=["sh", "-c", script], stderr=True, stdin=False, stdout=True, tty=False,
                       _preload_content=False)
         out, err = [], []
