@@ -531,10 +531,8 @@ def test_chaos_the_api_server_down_30s_and_a_new_crd_under_a_running_job(node, o
         with open(SAMPLE) as fh:
             probe_job = yaml.safe_load(fh)
         probe_job["metadata"]["name"] = "crd-probe"
-        probe_path = tmp_path / "probe.yaml"
-        probe_path.write_text(yaml.safe_dump(probe_job))
-
         probe_job["spec"]["suspend"] = True  # created for real (below): the operator starts nothing for it
+        probe_path = tmp_path / "probe.yaml"
         probe_path.write_text(yaml.safe_dump(probe_job))
         in_a_row = []
 
