@@ -290,11 +290,11 @@ def _stop_on(*signals: int) -> None:
 
 if __name__ == "__main__":
     _stop_on(signal.SIGINT, signal.SIGTERM)
-    with ControlPlane() as cp:
-        install_crd(cp.kubeconfig)
-        print(f"export KUBECONFIG={cp.kubeconfig}   # Ctrl-C or SIGTERM stops the control plane", flush=True)
-        try:
+    try:  # all of it: a stop may come at any moment, even between the line's flush and print's return
+        with ControlPlane() as cp:
+            install_crd(cp.kubeconfig)
+            print(f"export KUBECONFIG={cp.kubeconfig}   # Ctrl-C or SIGTERM stops the control plane", flush=True)
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
