@@ -136,7 +136,7 @@ def test_quick_sample_runs_and_writes_results(tmp_path):
     held = [i for i in range(len(curve) - hold + 1) if all(a >= target for _, _, a in curve[i:i + hold])]
     assert result["time_to_accuracy_s"] == (curve[held[0]][1] if held else None)
     header = (out / "timeline.csv").read_text().splitlines()[0].split(",")
-    for col in ("time", "step", "loss", "density", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit",
+    for col in ("time", "step", "loss", "density", "rank", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit",
                 "dense_reason", "probe"):
         assert col in header
     # No dense first step: tta's step 0 is its 64 kB probe; a dense step, if any, is its own choice.

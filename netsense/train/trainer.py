@@ -263,7 +263,7 @@ class Trainer:
                 s.train_time = time.perf_counter() - start - s.eval_seconds
                 self.timeline.add(
                     time=round(s.train_time, 4), step=s.step, epoch=s.epoch, loss=round(s.last_loss, 5),
-                    density=rec.get("density"), bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
+                    density=rec.get("density"), rank=rec.get("rank") or None, bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
                     est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
                     est_knee=rec.get("est_knee"), progress_made=rec.get("progress_made") or None,
