@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import glob
 import json
 import math
@@ -47,6 +48,7 @@ import torch
 
 from netsense.bench.grid import load_grid
 from netsense.compression.lowrank import LowRank
+from netsense.control import pilot
 from netsense.spec import parse_job
 from netsense.train.data import load_dataset
 from netsense.train.models import build_model
@@ -263,14 +265,14 @@ def pilots() -> list[str]:
     rows = [f"| task | {' | '.join(PILOTS)} |", "| --- |" + " ---: |" * len(PILOTS)]
     for name, grid in TASKS.items():
         task = grid_task(grid)
-        ratios: dict[str, list[float]] = {pilot: [] for pilot in PILOTS}
+        ratios: dict[str, list[float]] = {kind: [] for kind in PILOTS}
         for seed in (0, 1, 2):
             dense: list[float] = []
             _train(task, seed, PILOT_STEPS, losses=dense)  # once per seed: every pilot is read against it
-            for pilot, (density, ef) in PILOTS.items():
+            for kind, (density, ef) in PILOTS.items():
                 compressed: list[float] = []
                 _train(task, seed, PILOT_STEPS, density=density, error_feedback=ef, losses=compressed)
-                ratios[pilot].append(pilot_ratio(dense, compressed))
+                ratios[kind].append(pilot_ratio(dense, compressed))
         rows.append(f"| {name} | " + " | ".join(" ".join(f"{x:.2f}" if x else "<1" for x in r)
                                                for r in ratios.values()) + " |")
     return rows
@@ -293,13 +295,7 @@ def measured_family_ratio(results: str, grid: str) -> str:
                     if "topk-0.01" in m and "powersgd-r4" in m)
 
 
-def _steps_to(curve: list[float], level: float) -> float | None:
-    """Steps (fractional, linear between readings) until the curve first reaches ``level``."""
-    for i in range(1, len(curve)):
-        if curve[i] <= level:
-            a, b = curve[i - 1], curve[i]
-            return i - 1 + ((a - level) / (a - b) if a > b else 1.0)
-    return None
+_steps_to = pilot.steps_to
 
 
 def forked_family_reading(task: Task, seed: int, steps: int) -> float:
@@ -314,15 +310,42 @@ def forked_family_reading(task: Task, seed: int, steps: int) -> float:
     return (_steps_to(topk, lowrank[-1]) or steps) / steps
 
 
-def halving_family_reading(task: Task, seed: int, steps: int) -> float:
-    """Both families from the same start, each until its loss on the fixed batch first falls to half the
-    starting loss (at most ``steps``): TopK's steps over PowerSGD's. A level every task passes early, where
-    the loss still falls steadily (on the MLP32 it swings by 2x from step to step after about ten)."""
-    topk: list[float] = []
-    lowrank: list[float] = []
-    _train(task, seed, [FAMILY_TOPK] * steps, losses=topk)
-    _train(task, seed, [FAMILY_LOWRANK] * steps, losses=lowrank)
-    return (_steps_to(topk, topk[0] / 2) or steps) / (_steps_to(lowrank, lowrank[0] / 2) or steps)
+def _batches(data, size: int, seed: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        batch = torch.randint(0, len(data.train_y), (size,), generator=g)
+        out.append((data.train_x[batch], data.train_y[batch]))
+    return out
+
+
+def halving_family_reading(task: Task, seed: int, steps: int = 24) -> float:
+    """Both families from the same start on the same batches, each until its loss on the fixed batch first
+    falls to half the starting loss (at most ``steps``): TopK's steps over PowerSGD's. A level every task
+    passes early, where the loss still falls steadily (on the MLP32 it swings by 2x from step to step after
+    about ten)."""
+    data, net, fixed = _setup(task, seed)
+    batches, probe = _batches(data, task.batch, seed, steps), (data.train_x[fixed], data.train_y[fixed])
+    topk = pilot.run_fork(net, "topk", batches, probe, task.lr, task.momentum, seed, steps)
+    lowrank = pilot.run_fork(net, "powersgd", batches, probe, task.lr, task.momentum, seed, steps)
+    return topk.steps / lowrank.steps
+
+
+@functools.cache
+def split_pilot_reading(task: Task, seed: int, max_steps: int = pilot.MAX_STEPS) -> float | None:
+    """tta's pilot as the grid's workers run it (netsense.control.pilot): each rank forks the model and trains
+    its family's fork (TopK on even ranks, PowerSGD on odd) on its own batches and its share of the fixed
+    probe samples; h from the summed forks, None where no fork halved its loss (the priors stand)."""
+    data, net, fixed = _setup(task, seed)
+    share = pilot.PROBE_SAMPLES // task.workers
+    totals = [0.0] * 5
+    for rank in range(task.workers):
+        batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, max_steps)
+        probe = fixed[rank * share:(rank + 1) * share]
+        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, (data.train_x[probe], data.train_y[probe]),
+                              task.lr, task.momentum, seed, max_steps)
+        totals = [a + b for a, b in zip(totals, fork.totals(), strict=True)]
+    return pilot.reading(totals)
 
 
 def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> float:
@@ -341,6 +364,8 @@ def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> floa
 
 # The readings, each with the steps of compute it spends before training (forked) or in it (blocks). A
 # worker's pilot runs at its own batch (the grid's batchSize, not all workers' samples): "per worker".
+PILOT_READING = ("tta's familyPilot: steps to half the first loss, one family a worker, each on its own batches "
+                 "(no reading counts as 1)")
 FAMILY_READINGS = {
     "forked 2 x 8": (lambda t, s: forked_family_reading(t, s, 8), 16),
     "forked 2 x 16": (lambda t, s: forked_family_reading(t, s, 16), 32),
@@ -349,7 +374,8 @@ FAMILY_READINGS = {
                                   48),
     "forked 2 x 8, per worker": (lambda t, s: forked_family_reading(replace(t, batch=t.batch // t.workers), s, 8),
                                  16),
-    "forked, steps to half the first loss (at most 2 x 24)": (lambda t, s: halving_family_reading(t, s, 24), 48),
+    "forked, steps to half the first loss (at most 2 x 24)": (halving_family_reading, 48),
+    PILOT_READING: (lambda t, s: split_pilot_reading(t, s) or 1.0, pilot.MAX_STEPS),
     "blocks of 3, 2 rounds (in training)": (lambda t, s: block_family_reading(t, s, 3, 2), 0),
     "blocks of 6, 1 round (in training)": (lambda t, s: block_family_reading(t, s, 6, 1), 0),
 }
@@ -381,26 +407,69 @@ def family_readings(results: str, readings: list[str] | None = None) -> list[str
     return rows
 
 
+def fit_exponent(points: list[tuple[float, float]]) -> float:
+    """g minimizing sum (log measured - g log reading)^2: R = h^g passes through (1, 1), where a pilot that
+    sees no difference predicts none."""
+    return sum(math.log(h) * math.log(r) for h, r in points) / sum(math.log(h) ** 2 for h, _ in points)
+
+
+def pilot_calibration(results: str) -> list[str]:
+    """The exponent of tta's pilot (R = h^exponent) fitted on the tasks where it reads (all development data:
+    the fresh evaluation set judges it), and each task's prediction by the fit without it (leave one out)."""
+    points, rows = {}, []
+    for name, grid in TASKS.items():
+        task = grid_task(grid)
+        readings = [split_pilot_reading(task, seed) for seed in FAMILY_SEEDS]
+        got = [h for h in readings if h is not None]
+        measured = statistics.mean(float(r) for r in measured_family_ratio(results, grid).split())
+        if len(got) * 2 > len(readings):
+            points[name] = (statistics.median(got), measured)
+        rows.append((name, got, measured))
+    exponent = fit_exponent(list(points.values()))
+    out = [f"The exponent: **{exponent:.2f}**, least squares of log R on log h through the origin, over the tasks "
+           f"where most seeds read (medians; seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; a fork stops at "
+           f"{pilot.MAX_STEPS} steps). Where no fork halves its loss there is no reading and tta keeps its priors.\n",
+           "| task | seeds with a reading | h: median [min, max] | measured R | h^exponent (x measured) | "
+           "fitted without it: h^exponent' (x measured) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, got, measured in rows:
+        if name not in points:
+            out.append(f"| {name} | {len(got)}/{len(FAMILY_SEEDS)} | "
+                       + (f"{statistics.median(got):.2f} [{min(got):.2f}, {max(got):.2f}]" if got else "-")
+                       + f" | {measured:.2f} | priors | priors |")
+            continue
+        h = points[name][0]
+        loo = fit_exponent([p for other, p in points.items() if other != name])
+        out.append(f"| {name} | {len(got)}/{len(FAMILY_SEEDS)} | {h:.2f} [{min(got):.2f}, {max(got):.2f}] | "
+                   f"{measured:.2f} | {h ** exponent:.2f} ({h ** exponent / measured:.2f}) | "
+                   f"{h ** loo:.2f} ({h ** loo / measured:.2f}; exponent {loo:.2f}) |")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
     p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
+    p.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to print (comma-separated)")
     a = p.parse_args()
+    want = {int(x) for x in a.sections.split(",")}
     torch.set_num_threads(1)
     print("# Can the controller tell which compressor a task needs? (`python testbed/learnability.py`)\n")
-    print("## 1. Steps to the target in the final run (x dense allreduce's steps, where it reached it)\n")
-    print("\n".join(step_counts(a.results)))
-    print("\n## 2. learnKnee's first-order progress readings (tta-learn runs)\n")
-    print("\n".join(progress_readings(a.runs)))
-    print("\n## 3. Two properties of each task's gradient (2 seeds each)\n")
-    print("\n".join(structure()))
-    print(f"\n## 4. A short pilot: {PILOT_STEPS} steps, x the dense steps to the same loss (seeds 0, 1, 2)\n")
-    print("\n".join(pilots()))
-    print(f"\n## 5. Which family: TopK+EF 1%'s steps over PowerSGD r4's, measured and read early (seeds "
-          f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; median [min, max]; share of one run's / two workers' readings on "
-          f"the measured side of {FAMILY_BOUNDARY:.2f})\n")
-    print("\n".join(family_readings(a.results)))
-
+    sections = [
+        (1, "Steps to the target in the final run (x dense allreduce's steps, where it reached it)",
+         lambda: step_counts(a.results)),
+        (2, "learnKnee's first-order progress readings (tta-learn runs)", lambda: progress_readings(a.runs)),
+        (3, "Two properties of each task's gradient (2 seeds each)", structure),
+        (4, f"A short pilot: {PILOT_STEPS} steps, x the dense steps to the same loss (seeds 0, 1, 2)", pilots),
+        (5, f"Which family: TopK+EF 1%'s steps over PowerSGD r4's, measured and read early (seeds "
+            f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; median [min, max]; share of one run's / two workers' readings "
+            f"on the measured side of {FAMILY_BOUNDARY:.2f})", lambda: family_readings(a.results)),
+        (6, "tta's family pilot: its reading h mapped to the step ratio R = h^exponent",
+         lambda: pilot_calibration(a.results)),
+    ]
+    for number, title, rows in sections:
+        if number in want:
+            print(f"\n## {number}. {title}\n")
+            print("\n".join(rows()))
 
 if __name__ == "__main__":
     main()

@@ -330,3 +330,23 @@ def test_several_processes_a_worker_train_as_one_gang(tmp_path):
         nothing_left(run, before)
     result = json.loads((tmp_path / "o" / "result.json").read_text())
     assert result["status"] == "Succeeded" and result["workers"] == 4 and result["steps"] == 15
+
+
+@pytest.mark.root
+def test_the_family_pilot_reads_before_training_and_chooses_powersgd_where_topk_needs_far_more_steps(tmp_path):
+    """familyPilot on set 2's task (the MLP on digits32, where TopK 1% with error feedback needed 2.2x PowerSGD
+    rank 4's steps): the two workers' forks read it before the first step, on the training clock, and the
+    controller then trains with PowerSGD."""
+    doc = job(training={"model": "mlp", "hiddenSize": 512, "dataset": "digits32", "batchSize": 32, "maxSteps": 20,
+                        "seed": 3},
+              compression={"method": "tta", "lowRanks": [2, 4, 8], "familyPilot": True},
+              network={"profile": {"type": "static", "rate": "300Mbit"}})
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
+        code, _, err = finish(run, 300)
+        assert code == 0, err
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    pilot = result["family_pilot"]
+    assert pilot["reading"] > 1.1 and pilot["topk_scale"] > 1 and 0 < pilot["steps"] <= 16, pilot
+    assert pilot["seconds"] < result["train_seconds"], "the pilot's time is on the training clock"
+    steps = (tmp_path / "o" / "timeline.csv").read_text()
+    assert result["lowrank_steps"] >= 10, steps  # the rest: the first step's and the startup's probes

@@ -196,6 +196,18 @@ def test_learning_the_knee_under_the_power_step_law_is_refused_by_name():
     assert parse_job(doc(compression={"method": "tta", "stepLaw": "power"})).compression["densityExponent"] == 0.109
 
 
+def test_the_family_pilot_without_powersgd_ranks_or_with_adam_is_refused_by_name():
+    with pytest.raises(SpecError, match=r"compression\.familyPilot: chooses between TopK and PowerSGD: give the "
+                                        r"PowerSGD ranks in lowRanks"):
+        parse_job(doc(compression={"method": "tta", "familyPilot": True}))
+    with pytest.raises(SpecError, match=r"compression\.familyPilot: the pilot trains as SGD .* use optimizer sgd "
+                                        r"\(got adam\)"):
+        parse_job(doc(training={"optimizer": "adam"},
+                      compression={"method": "tta", "lowRanks": [4], "familyPilot": True}))
+    c = parse_job(doc(compression={"method": "tta", "lowRanks": [4], "familyPilot": True})).compression
+    assert c["familyPilot"] and c["familyPilotExponent"] > 1
+
+
 @pytest.mark.parametrize("old", ["overlap", "ours"])
 def test_the_controllers_old_names_still_work_with_a_warning(old):
     with pytest.warns(FutureWarning, match="'tta'"):
@@ -216,6 +228,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
     """Before the union the CRD filled every method's defaults into spec.compression; such jobs (stored,
     or recorded in status.appliedSpec) must still run after an upgrade, under the old method name too."""
     from netsense.spec import parse_spec
+    from netsense.spec.job import PILOT_EXPONENT
 
     old = {"method": "overlap", "density": 0.1, "errorFeedback": True, "warmupSteps": 0, "rank": 1,
            "startIter": 10, "alpha": 0.5, "initialRatio": 0.01, "kneeDensity": 0.004, "probeEvery": 8}
@@ -225,7 +238,8 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
                                "learnKnee": False, "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
-                               "adaptiveProbing": True, "probePadding": False, "lowRanks": [], "lowRankKnee": 2.3}
+                               "adaptiveProbing": True, "probePadding": False, "lowRanks": [], "lowRankKnee": 2.3,
+                               "familyPilot": False, "familyPilotExponent": PILOT_EXPONENT}
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default
 

@@ -350,6 +350,17 @@ class TimeToAccuracyController(Policy):
     a dense step flushes it as before. A rank's warm start (its Q's) is kept across TopK steps, and drawn
     afresh when the rank changes.
 
+    The family pilot (spec: familyPilot; netsense.control.pilot) reads this task's TopK penalty before
+    training: R, TopK at 1%'s steps over PowerSGD at rank 4's, from local forks that train until their loss
+    halves. ``read_family_pilot`` scales TopK's step law by
+
+        topk_scale = R x (1 + lowrank_knee / 4) / steps_factor(0.01)
+
+    so that the two priors' ratio there is R: PowerSGD's prior is kept (its steps over the dense steps
+    transfer: 1.04-1.16x at rank 4 on every task measured), and so is the law's shape in d, so d* does not
+    move; what moves is the family (and dense against TopK). Where the forks read nothing (no fork halved
+    its loss), topk_scale stays 1.
+
     Communication that overlaps the backward pass is not counted as free: on
     CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
     Counting the overlapped time as free drove ResNet18 at 200 Mbit/s to 4.5%
@@ -409,6 +420,7 @@ class TimeToAccuracyController(Policy):
         # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
+        self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
         self.lowrank_per_rank = 0.0  # PowerSGD's own seconds a step per unit of rank, measured (0: not yet)
         self.fp16 = fp16  # the values' encoding (values: fp16 | fp32), sparse and dense alike
         self.prior_knee, self.learn_knee = knee, learn_knee
@@ -465,10 +477,23 @@ class TimeToAccuracyController(Policy):
         return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
 
     def steps_factor(self, density: float) -> float:
-        """TopK's steps at this density over the dense steps, by the step law."""
+        """TopK's steps at this density over the dense steps, by the step law (times the pilot's scale)."""
         if self.step_law == "power":
-            return density ** -self.density_exponent
-        return 1 + self.knee / density
+            return self.topk_scale * density ** -self.density_exponent
+        return self.topk_scale * (1 + self.knee / density)
+
+    def lowrank_steps_factor(self, rank: int) -> float:
+        """PowerSGD's steps at this rank over the dense steps (the family's prior)."""
+        return 1 + self.lowrank_knee / rank
+
+    def read_family_pilot(self, ratio: float, density: float, rank: int) -> None:
+        """The pilot's R (netsense.control.pilot): on this task TopK at ``density`` needs R x PowerSGD at
+        ``rank``'s steps. TopK's step law is scaled so that the two priors' ratio there is R; PowerSGD's prior
+        is kept (its steps over the dense steps transfer between tasks: 1.04-1.16x at rank 4 on every task
+        measured), and TopK's shape in the density too, so only the family choice (and dense against TopK)
+        moves, not the density TopK would run at."""
+        self.topk_scale = 1.0
+        self.topk_scale = ratio * self.lowrank_steps_factor(rank) / self.steps_factor(density)
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
@@ -489,7 +514,7 @@ class TimeToAccuracyController(Policy):
             wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
             # Two collectives, the first waited for inside the backward pass: one more fixed time than TopK's.
             step = self.compute_s + self.lowrank_per_rank * d.rank + wire / bw + self.sensor.fixed
-            return (1 + self.lowrank_knee / d.rank) * step
+            return self.lowrank_steps_factor(d.rank) * step
         k = d.density * self.numel
         step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
                 + sparse_allgather_bytes(math.ceil(k), self.world, fp16=self.fp16) / bw)

@@ -43,6 +43,9 @@ DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install 
 
 MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
+# tta's family pilot: R = reading ^ this (netsense.control.pilot), fitted on the development tasks by
+# testbed/learnability.py (section 6 of testbed/results/learnability.md).
+PILOT_EXPONENT = 2.19
 SIGNAL_MODELS = ("mlp", "cnn1d")  # what takes MNIST-1D's 1-D signals (the others take images)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -155,6 +158,18 @@ def _check_momentum(c: dict, path: str, errors: Errors) -> None:
 def _check_step_law(c: dict, path: str, errors: Errors) -> None:
     if c["learnKnee"] and c["stepLaw"] != "inverse":
         errors.add(f"{path}.learnKnee", "learns the knee of stepLaw inverse, not the power law's exponent")
+
+
+def _check_family_pilot(c: dict, path: str, errors: Errors) -> None:
+    if c["familyPilot"] and not c["lowRanks"]:
+        errors.add(f"{path}.familyPilot", "chooses between TopK and PowerSGD: give the PowerSGD ranks in lowRanks")
+
+
+def _check_pilot_optimizer(spec: dict, path: str, errors: Errors) -> None:
+    c, t = spec.get("compression") or {}, spec.get("training") or {}
+    if c.get("familyPilot") and t.get("optimizer") != "sgd":
+        errors.add(_join(path, "compression.familyPilot"), "the pilot trains as SGD with the job's lr and momentum: "
+                                                           f"use optimizer sgd (got {t.get('optimizer')})")
 
 
 def _check_netsense(c: dict, path: str, errors: Errors) -> None:
@@ -308,7 +323,17 @@ COMPRESSION = Union("method", {
                                           "steps x (1 + lowRankKnee/rank)); 2.3 fitted on the tuning task "
                                           "(testbed/grids/tune-families.yaml)"),
                          default=2.3),
-    }, checks=[_check_momentum, _check_step_law], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+        "familyPilot": F(Bool(doc="before training, each worker trains two copies of the model alone (TopK 1% "
+                                  "with error feedback, PowerSGD rank 4) until their loss on a fixed batch halves, "
+                                  "and TopK's step prior is scaled to the steps ratio this reads (R = reading ^ "
+                                  "familyPilotExponent): the family is chosen for this task; its time is on the "
+                                  "training clock. Needs lowRanks and optimizer sgd"), default=False),
+        "familyPilotExponent": F(Float(min=0, exclusive_min=True,
+                                       doc="maps the pilot's reading h to the steps ratio R = h^exponent; "
+                                           f"{PILOT_EXPONENT} fitted on the development tasks "
+                                           "(testbed/results/learnability.md, section 6)"),
+                                 default=PILOT_EXPONENT),
+    }, checks=[_check_momentum, _check_step_law, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")
@@ -414,7 +439,7 @@ SPEC = Obj({
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
     "output": F(OUTPUT),
-}, checks=[podtemplate.check_shaped, _check_procs], cel=podtemplate.SHAPED_CEL)
+}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,

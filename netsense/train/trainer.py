@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from netsense import gang, units
 from netsense.compression import ddp_options, register
+from netsense.control import pilot
 from netsense.shaping.profiles import build_profile
 from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
@@ -122,6 +123,7 @@ class Trainer:
         self.profile_epoch: float | None = None  # set when training starts
         self.timeline = Timeline()
         self.state = RunState()
+        self.pilot: dict | None = None  # tta's family pilot, where it ran (family_pilot)
 
     def link_rate_mbit(self) -> float | None:
         if self.profile is None or self.profile_epoch is None:
@@ -238,12 +240,45 @@ class Trainer:
                 write_clock(self.start_file, self.profile_epoch)
 
     # -- the loop ----------------------------------------------------------------------
+    def family_pilot(self) -> dict:
+        """tta's family pilot (netsense.control.pilot): this rank trains its family's fork on its own batches
+        (the first of its shard) and its share of a fixed probe batch; one all_reduce sums the forks, and the
+        reading, where there is one, sets the controller's TopK scale. On the training clock: its time is part
+        of the time to accuracy."""
+        t0 = time.perf_counter()
+        batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        epoch = 0
+        while len(batches) < pilot.MAX_STEPS:
+            batches += [(x.to(self.device), y.to(self.device)) for x, y in self.batches.epoch(epoch)]
+            epoch += 1
+        share = pilot.PROBE_SAMPLES // self.world
+        fixed = torch.randperm(len(self.data.train_y), generator=torch.Generator().manual_seed(self.t["seed"]))
+        probe = fixed[self.rank * share:(self.rank + 1) * share]
+        fork = pilot.run_fork(self.model.module, pilot.fork_family(self.rank), batches,
+                              (self.data.train_x[probe].to(self.device), self.data.train_y[probe].to(self.device)),
+                              self.t["lr"], self.t["momentum"], seed=self.t["seed"])
+        totals = torch.tensor(fork.totals(), dtype=torch.float64, device=self.device)
+        dist.all_reduce(totals)
+        h = pilot.reading(totals.tolist())
+        out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
+        if h is not None:
+            ratio = pilot.calibrated_ratio(h, self.job.compression["familyPilotExponent"])
+            self.hook.policy.read_family_pilot(ratio, pilot.DENSITY, pilot.RANK)
+            out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
+                   "topk_scale": round(self.hook.policy.topk_scale, 4)}
+        out.update(steps=fork.spent, seconds=round(time.perf_counter() - t0, 3))
+        if self.rank == 0:
+            emit("pilot", **out)
+        return out
+
     def train(self) -> dict:
         s = self.state
         self.start_profile_clock()
         max_steps = self._max_steps()
         samples_per_step = self.t["batchSize"] * self.world
         start = time.perf_counter()
+        if self.job.compression.get("familyPilot") and self.world > 1:
+            self.pilot = self.family_pilot()
         last_progress = 0.0
         stop = False
         while not stop and s.step < max_steps:
@@ -356,6 +391,7 @@ class Trainer:
             # it), method (allreduce, fp16: every step); a method that compresses pays none it did not choose
             "dense_steps": dict(Counter(h["dense_reason"] for h in hist if h.get("dense"))),
             "probe_steps": sum(1 for h in hist if h.get("probe")),
+            "lowrank_steps": sum(1 for h in hist if h.get("rank") and not h.get("dense")),
             "bytes_sent_per_worker": int(wire),
             # bytes on the wire over the training clock: never above the link for long
             "wire_goodput_mbit": round(wire * 8 / s.train_time / 1e6, 3) if s.train_time > 0 else None,
@@ -376,6 +412,7 @@ class Trainer:
             # only "enqueued"), elsewhere the wall clock at completion
             "collective_timer": "cuda-events" if self.device.type == "cuda" else "wall-clock",
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
+            "family_pilot": self.pilot,
         }
 
 

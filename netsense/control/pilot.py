@@ -1,0 +1,155 @@
+"""The family pilot: how much more TopK with error feedback suffers on this task than PowerSGD does, read
+before training from a few steps of local compute (no communication).
+
+Which compressor family trains faster is the task's own: on the tuning MLP and the CNNs TopK at 1% with
+error feedback needed 1.30-1.40x the steps of PowerSGD at rank 4 to the target, on the MLPs on digits32
+1.75-2.21x (testbed/results/learnability.md, sections 5 and 6). A prior fitted on one task cannot tell them
+apart; the pilot reads it. From the model's initial weights each worker trains a copy of the model alone,
+on its own batches, as SGD with the job's lr and momentum, nothing sent: even ranks with TopK at ``DENSITY``
+and error feedback, odd ranks with PowerSGD at rank ``RANK`` (its own residual), side by side, so the pilot
+takes one fork's time. Each fork runs until its loss on its share of a fixed probe batch first falls to half
+the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks, and the reading is
+
+    h = (TopK forks' mean steps to half the first loss) / (PowerSGD forks')      (linear between steps)
+
+Half the first loss is a level the loss passes early, while it still falls steadily: after about ten steps
+a fixed batch's loss on the MLP on digits32 swings by 2x from step to step, so a reading at a fixed step
+count depends on where it stops (16 and 24 steps did not separate the tasks, halving did). Where no fork
+halves its loss within ``MAX_STEPS`` (the CNNs: 20-24 steps) there is no reading and the priors stand. h's
+scale is compressed (1.22 on the tuning MLP, 1.32-1.34 on the MLPs on digits32), so the controller maps it
+to the ratio of steps to the target as
+
+    R = h ** exponent        (spec familyPilotExponent, fitted on the development tasks: learnability.md)
+
+The live model is never touched: the forks are copies; the trainer's optimizer and the hook's state are not
+used. The pilot's time is on the training clock: up to ``MAX_STEPS`` steps of a worker's compute.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from netsense.compression.lowrank import LowRank
+from netsense.compression.selection import topk_indices
+
+DENSITY = 0.01  # TopK's density in the pilot (the operating point of the measured ratios)
+RANK = 4  # PowerSGD's rank in the pilot
+MAX_STEPS = 16  # a fork that has not halved its loss by then stops there
+PROBE_SAMPLES = 512  # the fixed probe batch over all workers (each reads its share)
+
+
+@dataclass(frozen=True)
+class Fork:
+    """One fork's run: its steps to half the first probe loss (fractional; the cap where it never got there)."""
+
+    family: str
+    steps: float
+    halved: bool
+    spent: int  # compute steps taken
+
+    def totals(self) -> list[float]:
+        """This fork's share of the sums the workers add up (see reading)."""
+        topk = self.family == "topk"
+        return [self.steps if topk else 0.0, float(topk), 0.0 if topk else self.steps, float(not topk),
+                float(self.halved)]
+
+
+def reading(totals: Sequence[float]) -> float | None:
+    """h, TopK's mean steps over PowerSGD's, from the summed Fork.totals of every worker; None where a family
+    has no fork or no fork halved its loss within the cap (no evidence: the priors stand)."""
+    topk_steps, topk_forks, lowrank_steps, lowrank_forks, halved = totals
+    if not topk_forks or not lowrank_forks or not halved:
+        return None
+    return (topk_steps / topk_forks) / (lowrank_steps / lowrank_forks)
+
+
+def fork_family(rank: int) -> str:
+    """Even ranks run the TopK fork, odd ranks PowerSGD's: the forks run side by side, so the pilot takes one
+    fork's time, not two."""
+    return "topk" if rank % 2 == 0 else "powersgd"
+
+
+def steps_to(curve: Sequence[float], level: float) -> float | None:
+    """Steps (fractional, linear between readings) until the curve first reaches ``level``; None if never."""
+    for i in range(1, len(curve)):
+        if curve[i] <= level:
+            a, b = curve[i - 1], curve[i]
+            return i - 1 + ((a - level) / (a - b) if a > b else 1.0)
+    return None
+
+
+class _ForkedModel:
+    """A copy of the model trained alone by one compressor with its own error feedback."""
+
+    def __init__(self, model: torch.nn.Module, family: str, seed: int) -> None:
+        self.net = copy.deepcopy(model)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        n = sum(p.numel() for p in self.params)
+        self.family = family
+        self.velocity = torch.zeros(n, device=self.params[0].device)
+        self.residual = torch.zeros_like(self.velocity)
+        self.flat = torch.zeros_like(self.velocity)
+        self.views, offset = [], 0
+        for p in self.params:
+            self.views.append(self.flat[offset:offset + p.numel()])
+            offset += p.numel()
+        self.lowrank = LowRank(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # TopK's sampled threshold (the exact k largest)
+        self.pieces = LowRank.pieces(self.flat, self.views, self.params, RANK) if family == "powersgd" else []
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        # In training mode, as the readings the exponent was fitted on (a fork's statistics are thrown away).
+        with torch.no_grad():
+            return F.cross_entropy(self.net(x), y).item()
+
+    def compress(self, grad: torch.Tensor) -> torch.Tensor:
+        x = grad + self.residual
+        if self.family == "topk":
+            update = torch.zeros_like(x)
+            top = topk_indices(x.abs(), max(1, int(DENSITY * x.numel())), self.generator)
+            update[top] = x[top]
+        else:
+            update, signal = torch.empty_like(x), x.clone()
+            first, mats = self.lowrank.first_pass(signal, self.pieces, RANK)
+            second, hats, vectors = self.lowrank.second_pass(first, mats, self.pieces, RANK)
+            self.lowrank.apply(update, signal, self.pieces, hats, second, vectors, 1, RANK)
+        self.residual = x - update
+        return update
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float, momentum: float) -> None:
+        self.net.zero_grad()
+        F.cross_entropy(self.net(x), y).backward()
+        grad = torch.cat([p.grad.flatten() for p in self.params])
+        self.velocity = momentum * self.velocity + self.compress(grad)
+        with torch.no_grad():
+            for p, v in zip(self.params, self.velocity.split([p.numel() for p in self.params]), strict=True):
+                p -= lr * v.view_as(p)
+
+
+def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+             probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, seed: int = 0,
+             max_steps: int = MAX_STEPS, losses: list[float] | None = None) -> Fork:
+    """A copy of ``model`` trained by ``family`` on ``batches`` until its loss on ``probe`` first falls to half
+    the loss it started from (at most ``max_steps``)."""
+    fork = _ForkedModel(model, family, seed)
+    curve = [fork.loss(*probe)]
+    for x, y in batches[:max_steps]:
+        fork.step(x, y, lr, momentum)
+        curve.append(fork.loss(*probe))
+        if curve[-1] <= curve[0] / 2:
+            break
+    if losses is not None:
+        losses += curve
+    steps = steps_to(curve, curve[0] / 2)
+    return Fork(family, steps if steps is not None else float(len(curve) - 1), steps is not None, len(curve) - 1)
+
+
+def calibrated_ratio(reading: float, exponent: float) -> float:
+    """TopK at DENSITY's steps to the target over PowerSGD at RANK's, from the pilot's reading."""
+    return math.exp(exponent * math.log(reading))

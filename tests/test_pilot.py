@@ -1,0 +1,95 @@
+"""tta's family pilot: it reads which family trains a task faster, and it never touches the model it reads."""
+
+import math
+
+import pytest
+import torch
+
+from netsense.control import pilot
+from netsense.control.policies import Decision, StepMeasurement, TimeToAccuracyController
+
+FEATURES, SAMPLES = 2000, 512
+
+
+def task(classes: int, sparse: bool, seed: int = 0):
+    """A linear classifier's data. Sparse: each class lights one feature of its own (the gradient has
+    classes x classes entries, 0.5% of the weights, and rank up to ``classes``): TopK 1% sends all of it,
+    PowerSGD rank 4 cannot. Dense, two classes: Gaussian inputs with a class-dependent mean (the gradient
+    of a two-class linear layer has rank 1 and no zeros): PowerSGD sends all of it, TopK 1% a sliver."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (SAMPLES,), generator=g)
+    if sparse:
+        x = torch.zeros(SAMPLES, FEATURES)
+        x[torch.arange(SAMPLES), y] = 3.0
+    else:
+        direction = torch.randn(FEATURES, generator=g) / math.sqrt(FEATURES)
+        x = torch.randn(SAMPLES, FEATURES, generator=g) * 0.3 + (2 * y.float() - 1).unsqueeze(1) * direction * 3
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(FEATURES, classes, bias=False)
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, SAMPLES, 32)]
+    return model, (batches + batches)[:pilot.MAX_STEPS], (x[:256], y[:256])
+
+
+def two_workers(model, batches, probe) -> float | None:
+    """The pilot as two workers run it: rank 0 the TopK fork, rank 1 PowerSGD's, their totals summed."""
+    forks = [pilot.run_fork(model, pilot.fork_family(rank), batches, probe, lr=0.5, momentum=0.9) for rank in (0, 1)]
+    assert [f.family for f in forks] == ["topk", "powersgd"]
+    return pilot.reading([a + b for a, b in zip(*(f.totals() for f in forks), strict=True)])
+
+
+@pytest.mark.parametrize("sparse, topk_faster", [(True, True), (False, False)])
+def test_the_pilot_reads_which_family_halves_the_loss_first(sparse, topk_faster):
+    model, batches, probe = task(10 if sparse else 2, sparse)
+    h = two_workers(model, batches, probe)
+    assert h is not None and (h < 1) is topk_faster, h
+
+
+def test_the_pilot_leaves_the_model_and_its_gradients_as_they_were():
+    model, batches, probe = task(10, sparse=True)
+    model.weight.grad = torch.full_like(model.weight, 0.25)
+    before = model.weight.detach().clone()
+    two_workers(model, batches, probe)
+    assert torch.equal(model.weight, before) and torch.equal(model.weight.grad, torch.full_like(before, 0.25))
+
+
+def test_forks_that_never_halve_their_loss_stop_at_the_cap_and_give_no_reading():
+    model, batches, probe = task(2, sparse=False)
+    fork = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0, max_steps=5)
+    assert (fork.steps, fork.halved, fork.spent) == (5.0, False, 5)
+    stuck = pilot.run_fork(model, "powersgd", batches, probe, lr=1e-9, momentum=0.0, max_steps=5).totals()
+    assert pilot.reading([a + b for a, b in zip(fork.totals(), stuck, strict=True)]) is None, "the priors stand"
+    assert pilot.reading(fork.totals()) is None, "one family alone (one worker) reads nothing"
+    halved = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9)
+    capped = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0)
+    assert halved.halved and halved.spent < pilot.MAX_STEPS and capped.spent == pilot.MAX_STEPS
+    # A TopK fork stopped at the cap against a PowerSGD fork that halved: a bound, TopK at least that slow.
+    h = pilot.reading([a + b for a, b in zip(capped.totals(), halved.totals(), strict=True)])
+    assert h == pytest.approx(pilot.MAX_STEPS / halved.steps) and h > 1
+    assert pilot.steps_to([4.0, 3.0, 1.0], 2.0) == pytest.approx(1.5)
+
+
+def test_the_pilot_reading_sets_topks_price_against_powersgds_and_with_it_the_family():
+    """read_family_pilot(R): TopK at the pilot's density costs R x PowerSGD at its rank in steps, whatever the
+    step law; TopK's density is unchanged. A 1000 x 1000 matrix at 50 Mbit/s and 0.2 s of compute: with the
+    priors (lowRankKnee 2.3) TopK wins; where the pilot reads R = 2.2 (the MLP on digits32), rank 4 wins."""
+    def controller(step_law: str) -> TimeToAccuracyController:
+        c = TimeToAccuracyController(1_000_000, 2, probe_every=1000, step_law=step_law,
+                                     low_ranks={r: ([(1000, 1000)], 0) for r in (1, 2, 4)})
+        c.update(StepMeasurement(50e6 / 8, 50e6 / 8, 1.0, 0.2, 1.0))
+        return c
+
+    for law in ("inverse", "power"):
+        c = controller(law)
+        density = c.sparse_density()
+        assert c.decide().rank == 0, "the priors alone: TopK"
+        c.read_family_pilot(2.2, pilot.DENSITY, pilot.RANK)
+        assert c.steps_factor(pilot.DENSITY) / c.lowrank_steps_factor(pilot.RANK) == pytest.approx(2.2)
+        assert c.sparse_density() == pytest.approx(density)
+        assert c.decide() == Decision(dense=False, rank=4)
+        c.read_family_pilot(1.0, pilot.DENSITY, pilot.RANK)  # a second reading replaces the first
+        assert c.steps_factor(pilot.DENSITY) == pytest.approx(c.lowrank_steps_factor(pilot.RANK))
+
+
+def test_the_calibration_is_a_power_of_the_reading():
+    assert pilot.calibrated_ratio(1.0, 2.0) == 1.0
+    assert pilot.calibrated_ratio(1.4, 2.0) == pytest.approx(1.96)
