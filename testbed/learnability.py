@@ -1,6 +1,6 @@
 """Can the controller tell, from a task's own training, which compressor it needs? The evidence.
 
-    .venv/bin/python testbed/learnability.py [--runs runs/final] > testbed/results/learnability.md
+    .venv/bin/python testbed/learnability.py [--runs runs/final] [--sections 5,6] > testbed/results/learnability.md
 
 tta chooses among TopK densities with error feedback (EF), priced by a steps model (``1 + knee/d`` times
 the dense steps). Where it misses the 1.1x bar (set 2, set 3's fluctuating link) the winners send without
@@ -28,8 +28,13 @@ from the task that ranks the tasks as their step counts do. Four readings, each 
    ratio of their steps to the target, 10 seeds, and how often one run's reading would fall on the
    measured side. Issue 36's gate for such a reading: it must order the known tasks as their step
    counts do.
+6. tta's family pilot (netsense.control.pilot, as the grid's workers run it: one family's fork a worker, on
+   its own batches, until the loss on its share of the fixed batch halves, at most 16 steps): its reading h
+   per task, and the exponent of R = h^exponent fitted on the tasks where it reads (the spec's
+   familyPilotExponent), each task's prediction with and without itself in the fit.
 
-Nothing here is fitted or tuned; it reads the final run and measures gradients.
+Nothing here is tuned but section 6's exponent, fitted on these development tasks (the fresh evaluation set
+judges it); the rest reads the final run and measures gradients.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ then the test's choice, not the timing of a loaded machine."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from support.ranks import run_world
@@ -60,7 +62,8 @@ def _force(state, method: str, plan: list[str]) -> None:
             return DelayDriven.decide(policy)
         return {"sparse": Decision(density=SPARSE_DENSITY, fp16=True, dense=False),
                 "dense16": Decision(fp16=True), "dense": Decision(), "lowrank": Decision(dense=False, rank=1),
-                "padded": Decision(density=SPARSE_DENSITY, fp16=True, dense=False, pad=0.3)}[kind]
+                "padded": Decision(density=SPARSE_DENSITY, fp16=True, dense=False, pad=0.3),
+                "lowrank-padded": Decision(dense=False, rank=1, pad=0.3)}[kind]
 
     policy.decide = decide
 
@@ -75,7 +78,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[
 
     out = {}
     for name, (method, config, plan) in cases.items():
-        model = Matrix() if "lowrank" in plan else torch.nn.Linear(N, 1, bias=False)
+        model = Matrix() if any(k.startswith("lowrank") for k in plan) else torch.nn.Linear(N, 1, bias=False)
         ddp = _ddp(model)
         state = register(ddp, {"method": method, **config})
         assert state.memory is not None, f"{method} runs with error feedback by default"
@@ -107,11 +110,14 @@ PLANS = {  # step 0 compressed too: across DDP's bucket rebuild after it
                      "lowrank"],
 }
 PADDED = ["sparse", "padded", "padded", "sparse", "padded"]  # tta's padded probes (probePadding) among its steps
+LOWRANK_PADDED = ["lowrank", "lowrank-padded", "lowrank", "lowrank-padded"]  # tta's probes while PowerSGD runs
 SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnKnee": True}, PLANS["tta"]),
              "dc2": ("dc2", {}, PLANS["dc2"]),
              "tta-lowRanks": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"]),
              "tta-padded": ("tta", {"probePadding": True}, PADDED),
-             "tta-unpadded": ("tta", {}, ["sparse"] * len(PADDED))}
+             "tta-unpadded": ("tta", {}, ["sparse"] * len(PADDED)),
+             "tta-lowrank-padded": ("tta", {"lowRanks": [1]}, LOWRANK_PADDED),
+             "tta-lowrank-unpadded": ("tta", {"lowRanks": [1]}, ["lowrank"] * len(LOWRANK_PADDED))}
 WORLD = 2
 
 
@@ -130,7 +136,7 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     method, _, plan = SWITCHING[case]
     received, fed, held, kinds, _ = switching[0][case]
     want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "padded", "dense16"),
-             int(kind == "lowrank"))
+             int(kind.startswith("lowrank")))
             for kind in plan]
     assert kinds == want, "the forced plan did not run: the test would not cover a switch"
     assert switching[1][case][3] == kinds
@@ -160,6 +166,20 @@ def test_a_padded_probe_carries_the_probes_bytes_and_trains_as_an_ordinary_step(
         entries = 5 + (15 if kind == "padded" else 0)
         assert padded[4][step] == entries * 6, f"step {step} ({kind}): {padded[4][step]} bytes on the wire"
     assert plain[4] == [5 * 6] * len(PADDED)
+
+
+@pytest.mark.gloo
+def test_a_probe_while_powersgd_runs_is_its_own_step_with_zeros_after_it(switching: list[dict]):
+    """While tta runs PowerSGD its probe is the rank's own step with zeros all_reduced after its Q's (a TopK probe
+    would switch families for a step and send the top of PowerSGD's residual at once): the model receives and
+    keeps exactly what the unpadded steps give it, and the wire carries 30% of the model's elements more."""
+    from netsense.control.policies import dense_allreduce_bytes
+
+    padded, plain = switching[0]["tta-lowrank-padded"], switching[0]["tta-lowrank-unpadded"]
+    assert padded[0] == plain[0] and padded[2] == plain[2], "padding changed what the model received or kept"
+    extra = dense_allreduce_bytes(math.ceil(0.3 * N), WORLD)
+    for step, kind in enumerate(LOWRANK_PADDED):
+        assert padded[4][step] == pytest.approx(plain[4][step] + (extra if kind == "lowrank-padded" else 0))
 
 
 NETSENSE_FIXED = {"method": "netsense", "quantize": False, "pruneFactor": 0.0,

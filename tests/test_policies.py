@@ -600,3 +600,20 @@ def test_a_padded_probe_is_as_large_as_a_plain_one_but_sends_only_the_ordinary_s
     assert not capped.dense and capped.density == density
     assert sparse_allgather_bytes(math.ceil((capped.density + capped.pad) * n), 2, fp16=True) == pytest.approx(
         dense_allreduce_bytes(n, 2, fp16=True), rel=1e-6)
+
+
+def test_a_probe_while_powersgd_is_chosen_is_a_padded_powersgd_step():
+    """The probe keeps the family: the chosen rank, zeros after it up to probe_gain x its bytes (at least what
+    the link needs to be read, at most a dense fp16 step)."""
+    n, world, bw = 1_000_000, 2, 20e6 / 8
+    ranks = {r: ([(1000, 1000)], 0) for r in (1, 2, 4)}
+    c = tta(n, world, probe_every=2, low_ranks=ranks, lowrank_knee=0.4)
+    c.update(m(0, 1.0, compute=0.2, wire=bw))
+    assert c.decide().rank == 4 and not c.probing
+    c.update(StepMeasurement(1e4, 1e4, 1e4 / bw + 0.002, 0.2, 1.0))
+    probe = c.decide()
+    assert c.probing and (probe.dense, probe.rank) == (False, 4) and probe.pad > 0
+    own = lowrank_allreduce_bytes([(1000, 1000)], 0, 4, world)
+    wire = own + dense_allreduce_bytes(probe.pad * n, world)
+    assert wire == pytest.approx(max(2 * own, c.sensor.probe_bytes), rel=1e-6)
+    assert wire <= dense_allreduce_bytes(n, world, fp16=True)

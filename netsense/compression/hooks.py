@@ -197,6 +197,11 @@ class CompressionState(MeasuredState):
         c.elements_sent += first.numel() + second.numel()
         c.elements_total += buf.numel()
         residual = signal if self.memory is not None else None
+        pad = math.ceil(self.decision.pad * buf.numel())
+        if pad:  # a padded probe (tta): zeros after the Q's, on the wire and summed to zeros, never read
+            second = torch.cat([second, second.new_zeros(pad)])
+            c.wire_bytes += dense_allreduce_bytes(pad, self.world)
+            c.payload_bytes += pad * second.element_size()
 
         def done(_: torch.futures.Future) -> torch.Tensor:
             self.lowrank.apply(buf, residual, pieces, hats, second, vectors, self.world, rank)

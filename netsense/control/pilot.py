@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,6 +149,29 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
         losses += curve
     steps = steps_to(curve, curve[0] / 2)
     return Fork(family, steps if steps is not None else float(len(curve) - 1), steps is not None, len(curve) - 1)
+
+
+def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, exponent: float, seed: int = 0,
+        group=None) -> dict:
+    """The pilot on every rank of ``group`` (each calls it with its own batches and its share of the probe
+    samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals,
+    and, where there is a reading, ``policy.read_family_pilot`` (tta's controller: the hook's ``policy``).
+    Returns what it read and spent, for the run's result."""
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    fork = run_fork(model, fork_family(dist.get_rank(group)), batches, probe, lr, momentum, seed)
+    totals = torch.tensor(fork.totals(), dtype=torch.float64, device=probe[0].device)
+    dist.all_reduce(totals, group=group)
+    h = reading(totals.tolist())
+    out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
+    if h is not None:
+        ratio = calibrated_ratio(h, exponent)
+        policy.read_family_pilot(ratio, DENSITY, RANK)
+        out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
+               "topk_scale": round(policy.topk_scale, 4)}
+    return {**out, "steps": fork.spent, "seconds": round(time.perf_counter() - start, 3)}
 
 
 def calibrated_ratio(reading: float, exponent: float) -> float:

@@ -241,11 +241,8 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------
     def family_pilot(self) -> dict:
-        """tta's family pilot (netsense.control.pilot): this rank trains its family's fork on its own batches
-        (the first of its shard) and its share of a fixed probe batch; one all_reduce sums the forks, and the
-        reading, where there is one, sets the controller's TopK scale. On the training clock: its time is part
-        of the time to accuracy."""
-        t0 = time.perf_counter()
+        """tta's family pilot (netsense.control.pilot.run) on this rank's first batches of its shard and its
+        share of a fixed probe batch. On the training clock: its time is part of the time to accuracy."""
         batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         epoch = 0
         while len(batches) < pilot.MAX_STEPS:
@@ -254,19 +251,10 @@ class Trainer:
         share = pilot.PROBE_SAMPLES // self.world
         fixed = torch.randperm(len(self.data.train_y), generator=torch.Generator().manual_seed(self.t["seed"]))
         probe = fixed[self.rank * share:(self.rank + 1) * share]
-        fork = pilot.run_fork(self.model.module, pilot.fork_family(self.rank), batches,
-                              (self.data.train_x[probe].to(self.device), self.data.train_y[probe].to(self.device)),
-                              self.t["lr"], self.t["momentum"], seed=self.t["seed"])
-        totals = torch.tensor(fork.totals(), dtype=torch.float64, device=self.device)
-        dist.all_reduce(totals)
-        h = pilot.reading(totals.tolist())
-        out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
-        if h is not None:
-            ratio = pilot.calibrated_ratio(h, self.job.compression["familyPilotExponent"])
-            self.hook.policy.read_family_pilot(ratio, pilot.DENSITY, pilot.RANK)
-            out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
-                   "topk_scale": round(self.hook.policy.topk_scale, 4)}
-        out.update(steps=fork.spent, seconds=round(time.perf_counter() - t0, 3))
+        out = pilot.run(self.hook.policy, self.model.module, batches,
+                        (self.data.train_x[probe].to(self.device), self.data.train_y[probe].to(self.device)),
+                        self.t["lr"], self.t["momentum"], self.job.compression["familyPilotExponent"],
+                        seed=self.t["seed"])
         if self.rank == 0:
             emit("pilot", **out)
         return out
