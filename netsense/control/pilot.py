@@ -15,7 +15,8 @@ the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks, 
 Half the first loss is a level the loss passes early, while it still falls steadily: after about ten steps
 a fixed batch's loss on the MLP on digits32 swings by 2x from step to step, so a reading at a fixed step
 count depends on where it stops (16 and 24 steps did not separate the tasks, halving did). Where no fork
-halves its loss within ``MAX_STEPS`` (the CNNs: 20-24 steps) there is no reading and the priors stand. h's
+halves its loss within ``MAX_STEPS`` (the CNNs: 20-24 steps) there is no reading and the priors stand; such a
+fork is seen after ``EARLY_STEPS`` steps and stops there. h's
 scale is compressed (1.22 on the tuning MLP, 1.32-1.34 on the MLPs on digits32), so the controller maps it
 to the ratio of steps to the target as
 
@@ -42,12 +43,16 @@ from netsense.compression.selection import topk_indices
 DENSITY = 0.01  # TopK's density in the pilot (the operating point of the measured ratios)
 RANK = 4  # PowerSGD's rank in the pilot
 MAX_STEPS = 16  # a fork that has not halved its loss by then stops there
+# A fork that has come less than EARLY_FRACTION of the way to half its loss after EARLY_STEPS steps stops there:
+# on the development tasks the forks that went on to halve within 16 steps had come 9-38% of the way by their
+# fourth step, the CNNs' forks (20-24 steps to halve) 0-3% (learnability.py's tasks, seeds 0-4).
+EARLY_STEPS, EARLY_FRACTION = 4, 0.05
 PROBE_SAMPLES = 512  # the fixed probe batch over all workers (each reads its share)
 
 
 @dataclass(frozen=True)
 class Fork:
-    """One fork's run: its steps to half the first probe loss (fractional; the cap where it never got there)."""
+    """One fork's run: its steps to half the first probe loss (fractional; the cap where it did not get there)."""
 
     family: str
     steps: float
@@ -145,10 +150,14 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
         curve.append(fork.loss(*probe))
         if curve[-1] <= curve[0] / 2:
             break
+        if len(curve) - 1 == EARLY_STEPS and curve[0] - min(curve) < EARLY_FRACTION * curve[0] / 2:
+            break  # too slow to halve within max_steps: no reading, at a quarter of the cost
     if losses is not None:
         losses += curve
     steps = steps_to(curve, curve[0] / 2)
-    return Fork(family, steps if steps is not None else float(len(curve) - 1), steps is not None, len(curve) - 1)
+    if steps is None:  # not halved: at least the cap (a fork stopped early was judged unable to halve by then)
+        return Fork(family, float(min(max_steps, len(batches))), False, len(curve) - 1)
+    return Fork(family, steps, True, len(curve) - 1)
 
 
 def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
