@@ -15,10 +15,9 @@ the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks, 
 Half the first loss is a level the loss passes early, while it still falls steadily: after about ten steps
 a fixed batch's loss on the MLP on digits32 swings by 2x from step to step, so a reading at a fixed step
 count depends on where it stops (16 and 24 steps did not separate the tasks, halving did). Where no fork
-halves its loss within ``MAX_STEPS`` (the CNNs: 20-24 steps) there is no reading and the priors stand; such a
-fork is seen after ``EARLY_STEPS`` steps and stops there. h's
-scale is compressed (1.22 on the tuning MLP, 1.32-1.34 on the MLPs on digits32), so the controller maps it
-to the ratio of steps to the target as
+halves its loss within ``MAX_STEPS`` (the CNNs need 20-24 steps) there is no reading and the priors stand;
+such a fork is seen after ``EARLY_STEPS`` steps and stops there. h's scale is compressed (1.22 on the tuning
+MLP, 1.32-1.34 on the MLPs on digits32), so the controller maps it to the ratio of steps to the target as
 
     R = h ** exponent        (spec familyPilotExponent, fitted on the development tasks: learnability.md)
 
