@@ -323,11 +323,12 @@ COMPRESSION = Union("method", {
                                           "steps x (1 + lowRankKnee/rank)); 2.3 fitted on the tuning task "
                                           "(testbed/grids/tune-families.yaml)"),
                          default=2.3),
-        "familyPilot": F(Bool(doc="before training, each worker trains two copies of the model alone (TopK 1% "
-                                  "with error feedback, PowerSGD rank 4) until their loss on a fixed batch halves, "
-                                  "and TopK's step prior is scaled to the steps ratio this reads (R = reading ^ "
-                                  "familyPilotExponent): the family is chosen for this task; its time is on the "
-                                  "training clock. Needs lowRanks and optimizer sgd"), default=False),
+        "familyPilot": F(Bool(doc="before training, each worker trains a copy of the model alone (even ranks "
+                                  "TopK 1% with error feedback, odd ranks PowerSGD rank 4) until its loss on a fixed "
+                                  "batch halves (at most 16 steps), and TopK's step prior is scaled to the steps "
+                                  "ratio this reads (R = reading ^ familyPilotExponent): the family is chosen for "
+                                  "this task; its time is on the training clock. Needs lowRanks and optimizer sgd; "
+                                  "a job of one worker has nothing to choose and runs none"), default=False),
         "familyPilotExponent": F(Float(min=0, exclusive_min=True,
                                        doc="maps the pilot's reading h to the steps ratio R = h^exponent; "
                                            f"{PILOT_EXPONENT} fitted on the development tasks "
