@@ -300,9 +300,6 @@ def measured_family_ratio(results: str, grid: str) -> str:
                     if "topk-0.01" in m and "powersgd-r4" in m)
 
 
-_steps_to = pilot.steps_to
-
-
 def forked_family_reading(task: Task, seed: int, steps: int) -> float:
     """Both families from the same start for ``steps`` steps (2 x steps of compute spent before training):
     TopK's steps over PowerSGD's to the same loss on the fixed batch (>1: TopK needs more)."""
@@ -311,8 +308,8 @@ def forked_family_reading(task: Task, seed: int, steps: int) -> float:
     _train(task, seed, [FAMILY_TOPK] * steps, losses=topk)
     _train(task, seed, [FAMILY_LOWRANK] * steps, losses=lowrank)
     if topk[-1] >= lowrank[-1]:
-        return steps / (_steps_to(lowrank, topk[-1]) or steps)
-    return (_steps_to(topk, lowrank[-1]) or steps) / steps
+        return steps / (pilot.steps_to(lowrank, topk[-1]) or steps)
+    return (pilot.steps_to(topk, lowrank[-1]) or steps) / steps
 
 
 def _batches(data, size: int, seed: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

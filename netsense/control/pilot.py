@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from netsense.compression.lowrank import LowRank
@@ -166,8 +167,6 @@ def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, to
     samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals,
     and, where there is a reading, ``policy.read_family_pilot`` (tta's controller: the hook's ``policy``).
     Returns what it read and spent, for the run's result."""
-    import torch.distributed as dist
-
     start = time.perf_counter()
     fork = run_fork(model, fork_family(dist.get_rank(group)), batches, probe, lr, momentum, seed)
     totals = torch.tensor(fork.totals(), dtype=torch.float64, device=probe[0].device)

@@ -354,7 +354,7 @@ class TimeToAccuracyController(Policy):
     training: R, TopK at 1%'s steps over PowerSGD at rank 4's, from local forks that train until their loss
     halves. ``read_family_pilot`` scales TopK's step law by
 
-        topk_scale = R x (1 + lowrank_knee / 4) / steps_factor(0.01)
+        topk_scale = R x (1 + lowrank_knee / 4) / step_law_factor(0.01)
 
     so that the two priors' ratio there is R: PowerSGD's prior is kept (its steps over the dense steps
     transfer: 1.04-1.16x at rank 4 on every task measured), and so is the law's shape in d, so d* does not
@@ -476,11 +476,15 @@ class TimeToAccuracyController(Policy):
     def _wire_per_element(self) -> float:
         return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
 
-    def steps_factor(self, density: float) -> float:
-        """TopK's steps at this density over the dense steps, by the step law (times the pilot's scale)."""
+    def step_law_factor(self, density: float) -> float:
+        """TopK's steps at this density over the dense steps, by the step law alone."""
         if self.step_law == "power":
-            return self.topk_scale * density ** -self.density_exponent
-        return self.topk_scale * (1 + self.knee / density)
+            return density ** -self.density_exponent
+        return 1 + self.knee / density
+
+    def steps_factor(self, density: float) -> float:
+        """TopK's steps at this density over the dense steps: the step law times the pilot's scale."""
+        return self.topk_scale * self.step_law_factor(density)
 
     def lowrank_steps_factor(self, rank: int) -> float:
         """PowerSGD's steps at this rank over the dense steps (the family's prior)."""
@@ -492,8 +496,7 @@ class TimeToAccuracyController(Policy):
         is kept (its steps over the dense steps transfer between tasks: 1.04-1.16x at rank 4 on every task
         measured), and TopK's shape in the density too, so only the family choice (and dense against TopK)
         moves, not the density TopK would run at."""
-        self.topk_scale = 1.0
-        self.topk_scale = ratio * self.lowrank_steps_factor(rank) / self.steps_factor(density)
+        self.topk_scale = ratio * self.lowrank_steps_factor(rank) / self.step_law_factor(density)
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""

@@ -23,6 +23,7 @@ the loop at the same step.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import os
@@ -243,11 +244,9 @@ class Trainer:
     def family_pilot(self) -> dict:
         """tta's family pilot (netsense.control.pilot.run) on this rank's first batches of its shard and its
         share of a fixed probe batch. On the training clock: its time is part of the time to accuracy."""
-        batches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        epoch = 0
-        while len(batches) < pilot.MAX_STEPS:
-            batches += [(x.to(self.device), y.to(self.device)) for x, y in self.batches.epoch(epoch)]
-            epoch += 1
+        # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented, each moved).
+        shard = itertools.chain.from_iterable(self.batches.epoch(e) for e in itertools.count())
+        batches = [(x.to(self.device), y.to(self.device)) for x, y in itertools.islice(shard, pilot.MAX_STEPS)]
         share = pilot.PROBE_SAMPLES // self.world
         fixed = torch.randperm(len(self.data.train_y), generator=torch.Generator().manual_seed(self.t["seed"]))
         probe = fixed[self.rank * share:(self.rank + 1) * share]
