@@ -3,6 +3,8 @@
 - The adaptive methods (tta, dc2) switch between sparse and dense steps, and tta with ``lowRanks`` between TopK
   and PowerSGD too: what a step did not send must reach the model exactly once, across a switch of family, a
   dense step and back (no gradient mass lost or counted twice).
+- With SGD's momentum, tta corrects it on TopK and dense steps and applies it after the all-reduce on PowerSGD
+  steps: a switch converts one into the other without losing or adding any of what momentum SGD would apply.
 - The paper's method as the paper runs it (``netsense`` with ``errorFeedback: false``): what a step does not
   send is dropped, never carried into a later step.
 
@@ -68,19 +70,34 @@ def _force(state, method: str, plan: list[str]) -> None:
     policy.decide = decide
 
 
-def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[str]]]) -> dict:
-    """Each case (method, config, plan) on a model of its own: per step, what the model received (the
-    averaged gradient), what this rank fed in and the residual it holds afterwards (fed and held summed over
+def _held(state, momentum: float) -> torch.Tensor:
+    """What this rank still holds: its residual, and with momentum what it holds of momentum SGD's eventual
+    update (where each gradient's whole contribution is g / (1 - m); memory.SharedMomentum): under momentum
+    correction residual + u m / (1 - m), with the shared momentum residual / (1 - m) + U m / (1 - m)."""
+    zeros = torch.zeros(N)
+    residual = sum(state.memory.residuals.values(), zeros)
+    if not momentum:
+        return residual
+    local = sum(state.momentum.velocities.values(), zeros)
+    shared = sum(state.shared.velocities.values(), zeros) if state.shared is not None else zeros
+    scale = 1 / (1 - momentum) if state.shared_step else 1.0
+    return residual * scale + (local + shared) * momentum / (1 - momentum)
+
+
+def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
+    """Each case (method, config, plan[, momentum]) on a model of its own: per step, what the model received
+    (the averaged update), what this rank fed in and what it holds afterwards (_held; fed and held summed over
     the ranks); and each step's (dense, fp16, rank) as recorded."""
     import torch.distributed as dist
 
     from netsense.compression import register
 
     out = {}
-    for name, (method, config, plan) in cases.items():
+    for name, (method, config, plan, *rest) in cases.items():
+        momentum = rest[0] if rest else 0.0
         model = Matrix() if any(k.startswith("lowrank") for k in plan) else torch.nn.Linear(N, 1, bias=False)
         ddp = _ddp(model)
-        state = register(ddp, {"method": method, **config})
+        state = register(ddp, {"method": method, **config}, momentum=momentum)
         assert state.memory is not None, f"{method} runs with error feedback by default"
         _force(state, method, plan)
         received, fed, held = [], [], []
@@ -90,7 +107,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple[str, dict, list[
             ddp(x.view(1, -1)).sum().backward()
             received.append(model.weight.grad.view(-1).clone())
             fed.append(x)
-            held.append(sum(state.memory.residuals.values(), torch.zeros(N)))
+            held.append(_held(state, momentum))
         state.finish()
         totals = torch.stack([torch.stack(fed), torch.stack(held)])
         dist.all_reduce(totals)
@@ -117,7 +134,11 @@ SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnK
              "tta-padded": ("tta", {"probePadding": True}, PADDED),
              "tta-unpadded": ("tta", {}, ["sparse"] * len(PADDED)),
              "tta-lowrank-padded": ("tta", {"lowRanks": [1]}, LOWRANK_PADDED),
-             "tta-lowrank-unpadded": ("tta", {"lowRanks": [1]}, ["lowrank"] * len(LOWRANK_PADDED))}
+             "tta-lowrank-unpadded": ("tta", {"lowRanks": [1]}, ["lowrank"] * len(LOWRANK_PADDED)),
+             # momentum 0.5 (exact halves): PowerSGD steps with the shared momentum, and all corrected
+             "tta-lowRanks-momentum": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"], 0.5),
+             "tta-lowRanks-momentum-corrected": ("tta", {"lowRanks": [1], "lowRankMomentumCorrection": True},
+                                                 PLANS["tta-lowRanks"], 0.5)}
 WORLD = 2
 
 
@@ -132,8 +153,10 @@ def switching() -> list[dict]:
 def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict], case: str):
     """After every step, world x (everything the model received so far) == everything the ranks fed in -
     what they still hold: mass is neither lost at a switch nor counted twice. A dense step sends the
-    residual along (none is held after it), and the sparse steps after it start from an empty one."""
-    method, _, plan = SWITCHING[case]
+    residual along (none is held after it), and the sparse steps after it start from an empty one. With
+    momentum m what the ranks fed is worth fed / (1 - m) (what momentum SGD applies of it in the end)."""
+    method, _, plan, *rest = SWITCHING[case]
+    momentum = rest[0] if rest else 0.0
     received, fed, held, kinds, _ = switching[0][case]
     want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "padded", "dense16"),
              int(kind.startswith("lowrank")))
@@ -144,15 +167,28 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     fed_so_far = torch.zeros(N)
     for step in range(len(plan)):
         got_so_far += WORLD * torch.tensor(received[step])
-        fed_so_far += torch.tensor(fed[step])
+        fed_so_far += torch.tensor(fed[step]) / (1 - momentum)
         holding = torch.tensor(held[step])
-        torch.testing.assert_close(got_so_far, fed_so_far - holding, rtol=0, atol=1e-5,
+        torch.testing.assert_close(got_so_far, fed_so_far - holding, rtol=0, atol=1e-4 if momentum else 1e-5,
                                    msg=f"{case} step {step}: received != fed - held")
+        if momentum:  # a dense step keeps its velocity
+            continue
         if plan[step].startswith("dense"):
             assert not holding.any(), f"{case} step {step}: a dense step left a residual behind"
         else:
             assert holding.any(), f"{case} step {step}: a compressed step (5 of 50, or rank 1) sent everything"
     assert switching[1][case][0] == received  # every rank received the same average
+
+
+@pytest.mark.gloo
+def test_powersgd_steps_take_the_momentum_after_the_all_reduce(switching: list[dict]):
+    """tta's PowerSGD steps apply the momentum to the averaged update (the update after the first PowerSGD step
+    is m x the one before it + its own), not each rank's velocity before compression: the updates differ from the
+    all-corrected run's from the first PowerSGD step on and agree before it."""
+    shared, corrected = switching[0]["tta-lowRanks-momentum"], switching[0]["tta-lowRanks-momentum-corrected"]
+    first = PLANS["tta-lowRanks"].index("lowrank")
+    assert shared[0][:first] == corrected[0][:first]
+    assert shared[0][first] != corrected[0][first]
 
 
 @pytest.mark.gloo

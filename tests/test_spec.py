@@ -208,6 +208,15 @@ def test_the_family_pilot_without_powersgd_ranks_or_with_adam_is_refused_by_name
     assert c["familyPilot"] and c["familyPilotExponent"] > 1
 
 
+def test_powersgd_steps_momentum_after_the_all_reduce_without_error_feedback_is_refused_by_name():
+    """The shared momentum of tta's PowerSGD steps takes over the velocity through the residual."""
+    with pytest.raises(SpecError, match=r"compression\.lowRankMomentumCorrection: false \(the default\) moves "
+                                        r"each rank's velocity into its residual .* needs errorFeedback"):
+        parse_job(doc(compression={"method": "tta", "lowRanks": [4], "errorFeedback": False}))
+    for fine in ({"lowRankMomentumCorrection": True}, {"momentumCorrection": False}, {"lowRanks": []}):
+        parse_job(doc(compression={"method": "tta", "lowRanks": [4], "errorFeedback": False, **fine}))
+
+
 @pytest.mark.parametrize("old", ["overlap", "ours"])
 def test_the_controllers_old_names_still_work_with_a_warning(old):
     with pytest.warns(FutureWarning, match="'tta'"):
@@ -239,7 +248,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "learnKnee": False, "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
                                "adaptiveProbing": True, "probePadding": False, "lowRanks": [], "lowRankKnee": 2.3,
-                               "familyPilot": False, "familyPilotExponent": PILOT_EXPONENT}
+                               "lowRankMomentumCorrection": False, "familyPilot": False, "familyPilotExponent": PILOT_EXPONENT}
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default
 

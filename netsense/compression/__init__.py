@@ -29,7 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
 from netsense.compression.lowrank import layout
-from netsense.compression.memory import LocalMomentum
+from netsense.compression.memory import LocalMomentum, SharedMomentum
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
     DelayDriven,
@@ -107,8 +107,12 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     # allreduce has neither setting, and without sparse steps neither matters.
     local = (LocalMomentum(momentum, weight_decay, masking=c.get("momentumMasking", False))
              if c.get("momentumCorrection") and momentum > 0 else None)
+    # tta's PowerSGD steps take their momentum after the all-reduce unless asked otherwise (SharedMomentum).
+    shared = (SharedMomentum(momentum, weight_decay)
+              if local is not None and c.get("lowRanks") and not c["lowRankMomentumCorrection"] else None)
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
-                             seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local)
+                             seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local,
+                             shared=shared)
     model.register_comm_hook(state, compress_hook)
     return state

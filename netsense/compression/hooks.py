@@ -44,7 +44,7 @@ import torch.distributed as dist
 from netsense.compression import communicator
 from netsense.compression.compressor import TopK
 from netsense.compression.lowrank import LowRank
-from netsense.compression.memory import LocalMomentum, ResidualMemory
+from netsense.compression.memory import LocalMomentum, ResidualMemory, SharedMomentum
 from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
 from netsense.control.policies import (
@@ -71,15 +71,24 @@ class CompressionState(MeasuredState):
     progress   how much of a dense step's progress each update made (progress.py; None unless measured)
     momentum   the SGD momentum and weight decay, applied here instead of by the optimizer (memory.py:
                momentum correction; None: the optimizer applies them)
+    shared     with momentum correction, the momentum of PowerSGD steps applied after the all-reduce instead
+               (memory.SharedMomentum; None: every step runs with the correction)
     """
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
                  error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
-                 measure_progress: bool = False, momentum: LocalMomentum | None = None):
+                 measure_progress: bool = False, momentum: LocalMomentum | None = None,
+                 shared: SharedMomentum | None = None):
         super().__init__(process_group)
         self.policy = policy
         self.memory = ResidualMemory() if error_feedback else None
         self.momentum = momentum
+        if shared is not None and (momentum is None or self.memory is None):
+            raise ValueError("a shared momentum takes over from momentum correction through the residual: "
+                             "it needs both")
+        self.shared = shared
+        self.shared_step = False  # this step's momentum is the shared one (a PowerSGD step)
+        self.switching = False  # ... and the last step's was not, or the other way round
         self.topk = TopK(seed, dist.get_rank(process_group))
         self.lowrank = LowRank(seed)
         self.warmup_steps = warmup_steps
@@ -129,6 +138,16 @@ class CompressionState(MeasuredState):
             (self.policy.sense if self.warmup else self.policy.update)(measured)
         self.warmup = self.policy is not None and self.step + 1 < self.warmup_steps
         self.decision = self.policy.decide() if self.policy is not None and not self.warmup else Decision()
+        if self.shared is not None:
+            shared = bool(self.decision.rank) and not self.decision.dense
+            self.switching, self.shared_step = shared != self.shared_step, shared
+
+    def switch_momentum(self, bucket: dist.GradBucket) -> None:
+        """Move this bucket's momentum to the family of this step (memory.SharedMomentum's conversions)."""
+        index, buf, views, params = bucket.index(), bucket.buffer(), bucket.gradients(), bucket.parameters()
+        residual = self.memory.slot(index, buf, views, params)
+        convert = self.shared.to_shared if self.shared_step else self.shared.to_local
+        convert(index, residual, self.momentum, buf, views, params)
 
     # -- the two paths --------------------------------------------------------------
     def dense(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -232,16 +251,20 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         dots = state.progress.gradient(bucket.index(), buf)  # the raw gradient: before anything changes buf
         if dots is not None:
             c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
-    if state.momentum is not None:  # buf becomes the velocity: the update a dense step would apply
+    if state.switching:
+        state.switch_momentum(bucket)
+    if state.momentum is not None and not state.shared_step:  # buf becomes the velocity: a dense step's update
         state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
     if measuring:
         state.progress.dense(bucket.index(), buf)  # before either path changes buf in place
     d = state.decision
     fut = state.dense(bucket) if d.dense else state.low_rank(bucket) if d.rank else state.sparse(bucket)
-    if not measuring:
-        return fut
-    index = bucket.index()
-    return fut.then(lambda f: state.progress.update(index, f.value()))
+    index, views, params = bucket.index(), bucket.gradients(), bucket.parameters()
+    if measuring:  # the update before any shared momentum: the reference is this step's raw gradient then
+        fut = fut.then(lambda f: state.progress.update(index, f.value()))
+    if state.shared_step:
+        fut = fut.then(lambda f: state.shared.apply(index, f.value(), views, params))
+    return fut
 
 
 class TorchHookState(MeasuredState):

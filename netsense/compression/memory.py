@@ -149,3 +149,63 @@ class LocalMomentum:
         u = self.layout.get(index)
         if self.masking and u is not None:
             u.index_fill_(0, indices.to(torch.long), 0)
+
+
+class SharedMomentum:
+    """Momentum after the all-reduce, as the optimizer applies it (identical on every rank): tta's PowerSGD
+    steps while its TopK and dense steps run with momentum correction (``lowRankMomentumCorrection`` false).
+
+        U <- m U + (mean update) + wd w;   the model applies U
+
+    PowerSGD as published keeps its momentum in the optimizer; on the development MLP on digits32 it needed
+    fewer steps so (rank 4: 56 steps to the target on average without momentum correction, 73 with it, paired
+    ratio 1.20 [0.94, 1.54]: suggestive, not significant; testbed/results/dev-pilot-set2-momentum.md), while
+    TopK with error feedback needs the correction. A switch of family converts the momentum
+    without losing or adding any of what momentum SGD would still apply. With momentum m, a gradient's whole
+    contribution is g / (1 - m): under momentum correction (local velocity u, residual e of velocities) what a
+    rank still holds is worth ``e + u m / (1 - m)``; after the all-reduce (residual e of gradients, shared U)
+    ``e / (1 - m) + U m / (1 - m)``. So, per bucket:
+
+        to PowerSGD:  e <- (1 - m) e + m u;   u <- 0;   U <- 0
+        to TopK:      e <- e / (1 - m);       u <- U;   U <- 0   (every rank's u is the shared U: their mean)
+
+    (tested: tests/test_feedback.py, the momentum cases). The residual carries the difference, so this needs
+    error feedback.
+    """
+
+    def __init__(self, momentum: float, weight_decay: float) -> None:
+        self.momentum, self.weight_decay = momentum, weight_decay
+        self.layout = ParameterLayout()
+
+    @property
+    def velocities(self) -> dict[int, torch.Tensor]:
+        """The shared velocities by bucket index (the current layout's)."""
+        return self.layout.tensors
+
+    def apply(self, index: int, update: torch.Tensor, views: list[torch.Tensor],
+              params: list[torch.Tensor]) -> torch.Tensor:
+        """update <- U <- m U + update + wd w, in place; returns it (a future's ``then`` callback)."""
+        if self.weight_decay:
+            for view, param in zip(views, params, strict=True):
+                view.add_(param.detach(), alpha=self.weight_decay)
+        u = self.layout.tensor(index, update, views, params)
+        update.add_(u, alpha=self.momentum)
+        u.copy_(update)
+        return update
+
+    def to_shared(self, index: int, residual: torch.Tensor, local: LocalMomentum, grad: torch.Tensor,
+                  views: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+        """Bucket ``index`` leaves momentum correction for the shared momentum (see the class doc)."""
+        m = self.momentum
+        u = local.layout.tensor(index, grad, views, params)
+        residual.mul_(1 - m).add_(u, alpha=m)
+        u.zero_()
+        self.layout.tensor(index, grad, views, params).zero_()
+
+    def to_local(self, index: int, residual: torch.Tensor, local: LocalMomentum, grad: torch.Tensor,
+                 views: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+        """Bucket ``index`` returns from the shared momentum to momentum correction (see the class doc)."""
+        shared = self.layout.tensor(index, grad, views, params)
+        residual.div_(1 - self.momentum)
+        local.layout.tensor(index, grad, views, params).copy_(shared)
+        shared.zero_()

@@ -160,6 +160,12 @@ def _check_step_law(c: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.learnKnee", "learns the knee of stepLaw inverse, not the power law's exponent")
 
 
+def _check_lowrank_momentum(c: dict, path: str, errors: Errors) -> None:
+    if c["lowRanks"] and c["momentumCorrection"] and not c["lowRankMomentumCorrection"] and not c["errorFeedback"]:
+        errors.add(f"{path}.lowRankMomentumCorrection", "false (the default) moves each rank's velocity into its "
+                   "residual when PowerSGD takes over: needs errorFeedback (or set it true)")
+
+
 def _check_family_pilot(c: dict, path: str, errors: Errors) -> None:
     if c["familyPilot"] and not c["lowRanks"]:
         errors.add(f"{path}.familyPilot", "chooses between TopK and PowerSGD: give the PowerSGD ranks in lowRanks")
@@ -323,6 +329,12 @@ COMPRESSION = Union("method", {
                                           "steps x (1 + lowRankKnee/rank)); 2.3 fitted on the tuning task "
                                           "(testbed/grids/tune-families.yaml)"),
                          default=2.3),
+        "lowRankMomentumCorrection": F(Bool(doc="with momentumCorrection, correct the momentum of PowerSGD steps "
+                                                "too; false: a PowerSGD step's momentum is applied after the "
+                                                "all-reduce, as the optimizer would (PowerSGD as published), and "
+                                                "only TopK and dense steps run with the correction; at a switch "
+                                                "each rank's velocity moves through its residual, nothing lost"),
+                                       default=False),
         "familyPilot": F(Bool(doc="before training, each worker trains a copy of the model alone (even ranks "
                                   "TopK 1% with error feedback, odd ranks PowerSGD rank 4) until its loss on a fixed "
                                   "batch halves (at most 16 steps), and TopK's step prior is scaled to the steps "
@@ -334,7 +346,7 @@ COMPRESSION = Union("method", {
                                            f"{PILOT_EXPONENT} fitted on the development tasks "
                                            "(testbed/results/learnability.md, section 6)"),
                                  default=PILOT_EXPONENT),
-    }, checks=[_check_momentum, _check_step_law, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+    }, checks=[_check_momentum, _check_step_law, _check_lowrank_momentum, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")
