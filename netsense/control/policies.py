@@ -348,7 +348,10 @@ class TimeToAccuracyController(Policy):
     TopK share the error-feedback residual (memory.ResidualMemory): what one did not send, the other's next
     step sends or keeps, so a switch between the families loses no gradient mass (tests/test_feedback.py);
     a dense step flushes it as before. A rank's warm start (its Q's) is kept across TopK steps, and drawn
-    afresh when the rank changes.
+    afresh when the rank changes. With momentum correction a PowerSGD step takes the momentum after the
+    all-reduce instead (spec lowRankMomentumCorrection, default false; memory.SharedMomentum: PowerSGD as
+    published), and at a switch each rank's velocity moves through its residual, conserved as momentum SGD
+    would apply it.
 
     The family pilot (spec: familyPilot; netsense.control.pilot) reads this task's TopK penalty before
     training: R, TopK at 1%'s steps over PowerSGD at rank 4's, from local forks that train until their loss
