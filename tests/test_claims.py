@@ -3,6 +3,7 @@ by the recompute script (testbed/fair.py) from the per-seed records alone."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -23,3 +24,31 @@ def test_every_number_of_the_readmes_fair_comparison_is_printed_by_the_recompute
                              text=True, check=True, cwd=REPO).stdout
     missing = sorted(n for n in quoted if n not in set(NUMBER.findall(printed)))
     assert not missing, f"README numbers testbed/fair.py does not print: {missing}"
+
+
+def _row(method: str, ttas: list[float | None], after: float | None = None) -> dict:
+    row = {"method": method, "per_seed": [{"seed": s, "time_to_accuracy_s": t} for s, t in enumerate(ttas)]}
+    if after is not None:
+        row["after_epochs"] = {"epochs": 4, "mean": after, "n": f"{len(ttas)}/{len(ttas)}"}
+    return row
+
+
+def test_the_recompute_script_judges_issue_36s_bar_against_the_fastest_other_method():
+    """Within 1.1x of the fastest other method (our own variants are not others; a method that missed a seed has
+    no mean), and accuracy after equal epochs within 0.5 points of the fastest fixed method's."""
+    spec = importlib.util.spec_from_file_location("fair", os.path.join(REPO, "testbed", "fair.py"))
+    fair = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fair)
+    bar_lines = fair.bar_lines
+
+    rows = {r["method"]: r for r in [
+        _row("tta-lowranks-pilot", [1.1, 1.1], after=0.842), _row("tta-lowranks", [0.5, 0.5]),
+        _row("topk-0.01", [1.0, 1.0], after=0.845), _row("topk-0.1", [2.0, 2.0], after=0.9),
+        _row("powersgd-r4", [0.4, None], after=0.95)]}
+    ok = bar_lines(rows, "tta-lowranks-pilot")
+    assert ok[0].startswith("bar: tta-lowranks-pilot's mean TTA / the fastest other method's (topk-0.01, 1.00 s) "
+                            "= 1.10: within 1.1x")
+    assert "(topk-0.01) 0.845: 0.3 points behind, within 0.5 (the highest fixed: topk-0.1 0.900)" in ok[1]
+    rows["tta-lowranks-pilot"] = _row("tta-lowranks-pilot", [1.2, 1.2], after=0.83)
+    slow = bar_lines(rows, "tta-lowranks-pilot")
+    assert "= 1.20: NOT within 1.1x" in slow[0] and "1.5 points behind, NOT within 0.5" in slow[1]
