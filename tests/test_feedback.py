@@ -365,3 +365,43 @@ def test_error_feedback_is_conserved_per_parameter_across_ddps_bucket_rebuild():
         torch.testing.assert_close(WORLD * torch.tensor(received), torch.tensor(fed) - torch.tensor(held),
                                    rtol=1e-4, atol=1e-5, msg=f"{name}: gradient mass lost or moved")
         assert results[1][name][0] == received
+
+
+NULL_WIRE = {"allreduce": {"method": "allreduce"}, "topk": {"method": "topk", "density": SPARSE_DENSITY},
+             "powersgd": {"method": "powersgd", "rank": 1}, "tta-lowRanks": {"method": "tta", "lowRanks": [1]}}
+
+
+def null_wire_run(rank: int, world: int, other: int) -> dict:
+    """Each method with null_wire on a 10 x 5 matrix for 3 steps, rank 1's gradients drawn from seed ``other``:
+    what this rank's model received each step."""
+    from netsense.compression import register
+
+    out = {}
+    for name, config in NULL_WIRE.items():
+        model = Matrix()
+        ddp = _ddp(model)
+        state = register(ddp, config, null_wire=True)
+        got = []
+        for step in range(3):
+            ddp.zero_grad()
+            x = _exact_gradient(rank if rank == 0 else other, step)
+            ddp(x.view(1, -1)).sum().backward()
+            got.append(model.weight.grad.view(-1).clone())
+        state.finish()
+        out[name] = torch.stack(got)
+    return out
+
+
+@pytest.mark.gloo
+def test_without_the_wire_each_rank_trains_on_its_own_gradient_alone():
+    """training.nullWire (the benchmark's contention-matched ceiling): every method still runs its hook, but
+    nothing of another rank's gradient arrives. Rank 0 receives the same whatever rank 1 computed, and dense
+    allreduce hands it its own gradient exactly (the sum of world copies of its own, averaged)."""
+    first = run_world(null_wire_run, WORLD, 1)
+    second = run_world(null_wire_run, WORLD, 7)
+    for name in NULL_WIRE:
+        torch.testing.assert_close(first[0][name], second[0][name], rtol=0, atol=0,
+                                   msg=f"{name}: rank 0 received something of rank 1's gradient")
+        assert not torch.equal(first[1][name], second[1][name]), f"{name}: rank 1's own gradient did not count"
+    own = torch.stack([_exact_gradient(0, step) for step in range(3)])
+    torch.testing.assert_close(first[0]["allreduce"], own, rtol=0, atol=0)

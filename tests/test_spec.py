@@ -217,6 +217,12 @@ def test_powersgd_steps_momentum_after_the_all_reduce_without_error_feedback_is_
         parse_job(doc(compression={"method": "tta", "lowRanks": [4], "errorFeedback": False, **fine}))
 
 
+def test_a_run_without_the_wire_under_torchs_fp16_hook_is_refused_by_name():
+    with pytest.raises(SpecError, match=r"training\.nullWire: method fp16 runs torch's own hook"):
+        parse_job(doc(training={"nullWire": True}, compression={"method": "fp16"}))
+    assert parse_job(doc(training={"nullWire": True}, compression={"method": "topk"})).training["nullWire"]
+
+
 @pytest.mark.parametrize("old", ["overlap", "ours"])
 def test_the_controllers_old_names_still_work_with_a_warning(old):
     with pytest.warns(FutureWarning, match="'tta'"):

@@ -5,7 +5,10 @@ wall budget (a run that does not reach the target is reported as not reached,
 never cut short when another method peaks), over several seeds, and the measure
 that counts is time to accuracy (TTA). Regret = a method's mean TTA / the best
 method's mean TTA in that scenario. Every row also says its samples/s over allreduce's on the same link
-(x allreduce: the paper's headline measure) and, with ``ceiling: true``, over the no-communication ceiling.
+(x allreduce: the paper's headline measure) and, with ``ceiling``, over the no-communication ceiling:
+``true``, one worker alone (no second worker's collectives on its cores); ``matched``, each cell's own twin
+run without the wire (both workers run the whole hook path, every collective moves no bytes), which also gives
+each method's exposed network time per step against the wire time of the bytes it sent.
 A sensitivity section adds a table of each variant's TTA over its method's own, paired on the same seeds.
 
 A grid file::
@@ -17,6 +20,8 @@ A grid file::
     seeds: [0, 1]
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
     targets: [0.9]                                # optional: more targets, read off each run's accuracy curve
+    ceiling: matched                              # optional: true (one worker) or matched (a twin per cell
+    ceilingSteps: 100                             #   without the wire, this many steps; default 100)
     accuracyAfterEpochs: 3                        # optional: test accuracy after this many epochs, per method
                                                   # (every run then trains that long: training.minEpochs)
     variants: {tta: [tta-plain]}                  # optional: a method's own variants (ablations); each method

@@ -132,6 +132,32 @@ def sensitivity_groups(grid: dict) -> list[tuple[str, str, object, str]]:
             for constant, values in entry["vary"].items() for value in values]
 
 
+NO_WIRE = "@nowire"  # the label suffix of a cell's contention-matched twin (``ceiling: matched``)
+CEILING_STEPS = 100  # a twin's steps unless the grid says ``ceilingSteps``
+
+
+def wire_twins(grid: dict, cells: list[Cell]) -> list[Cell]:
+    """``ceiling: matched``: each cell's twin, the same job with training.nullWire (the collectives move no
+    bytes, netsense.compression.communicator) for ``ceilingSteps`` steps, not stopping at the target. Both workers
+    then run the whole hook path, compression, error feedback, decoding and a collective that keeps them in
+    step, on the same cores: the ceiling a method could reach if the wire cost nothing, contention included
+    (one worker alone has no second worker's collectives on its cores). fp16 runs torch's hook: no twin."""
+    steps = grid.get("ceilingSteps", CEILING_STEPS)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 10:
+        raise SpecError([Issue("ceilingSteps", "must be an integer of at least 10 (the twin's steps)")])
+    twins = []
+    for cell in cells:
+        if cell.job["spec"]["compression"].get("method") == "fp16":
+            continue
+        spec = merge(cell.job["spec"], {"training": {"nullWire": True, "stopAtTarget": False, "maxSteps": steps}})
+        spec["training"].pop("minEpochs", None)
+        doc = {**cell.job, "metadata": {"name": _dns(f"{cell.method}-nowire-{cell.scenario}-s{cell.seed}")},
+               "spec": spec}
+        parse_job(doc)
+        twins.append(Cell(cell.method + NO_WIRE, cell.scenario, cell.seed, doc))
+    return twins
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
     """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
@@ -188,4 +214,9 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
                 except SpecError as e:
                     raise SpecError([Issue(f"{method} x {scenario}: {i.path}", i.message) for i in e.issues]) from None
                 cells.append(Cell(method, scenario, seed, doc))
+    if grid.get("ceiling", False) not in (False, True, "matched"):
+        raise SpecError([Issue("ceiling", "true (one worker alone, before and after the cells) or matched (each "
+                                          "cell's twin without the wire, interleaved among the cells)")])
+    if grid.get("ceiling") == "matched":
+        cells += wire_twins(grid, cells)
     return grid.get("name", os.path.splitext(os.path.basename(path))[0]), cells, grid

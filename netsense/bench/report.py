@@ -33,6 +33,18 @@ def _families(grid: dict) -> str:
     return "; ".join(f"{head} with {', '.join(members)}" for head, members in named.items())
 
 
+def _exposure(rows: list[dict]) -> list[str]:
+    """The contention-matched ceiling's table (stats.matched_ceiling), where the grid measured it."""
+    rows = [r for r in rows if r.get("ceiling_samples_per_s")]
+    if not rows:
+        return []
+    return ["| method | ceiling samples/s | x ceiling | exposed network ms/step | wire ms/step | exposed / wire |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"] + [
+        f"| {r['method']} | {fmt(r['ceiling_samples_per_s'], 0)} | {fmt(r.get('ratio_to_ceiling'))} | "
+        f"{fmt(r.get('exposed_ms'), 1)} | {fmt(r.get('wire_ms'), 1)} | {fmt(r.get('exposed_over_wire'))} |"
+        for r in rows] + [""]
+
+
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
              ceilings: list[float] | None = None, source: str = "", varied: list[dict] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
@@ -61,6 +73,12 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
             if ceilings and len(ceilings) > 1 else ""
         lines += [f"No-communication ceiling, measured in the same run: {ceiling:.0f} samples/s{each}; "
                   "one worker alone, times the number of workers.", ""]
+    if grid.get("ceiling") == "matched":
+        lines += ["Contention-matched ceiling (`ceiling: matched`): each cell ran again without the wire, interleaved "
+                  "among the cells (both workers run the whole hook path; every collective moves no bytes: "
+                  "netsense.compression.communicator), and x ceiling is the method's samples/s over its twins'. "
+                  "Under each table: the network time a step left exposed (its step time less its twin's) "
+                  "against the wire time of the bytes it sent at the link's median rate.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
                   "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | failed | steps "
@@ -80,7 +98,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                 lines.append(f"| {label} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
                              f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {r.get('failed', 0)} | {fmt(r.get('steps_to_target'), 0)} | "
                              f"{fmt(r['samples_per_s'], 0)} | {fmt(r.get('x_allreduce'))} | "
-                             f"{fmt(r['samples_per_s'] / ceiling if ceiling and r['samples_per_s'] else None)} | "
+                             f"{fmt(r.get('ratio_to_ceiling'))} | "
                              f"{fmt(r['best_accuracy'], 3)} | {fmt(r['final_accuracy'], 3)} | "
                              f"{fmt(r['mean_density'], 4)} | "
                              f"{fmt(r['bytes_per_step'] / 1e6 if r['bytes_per_step'] is not None else None, 3)} | "
@@ -92,6 +110,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
         if failures:
             lines += ["Failed runs:", ""] + [f"- {method}, seed {f['seed']}: {' '.join(str(f['reason']).split())}"
                                              for method, f in failures] + [""]
+        lines += _exposure([r for r in rows if r["scenario"] == scenario])
         lines += _readings(grid, [r for r in rows if r["scenario"] == scenario])
     if varied:
         lines += _sensitivity(varied)

@@ -11,9 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from netsense.bench import cells, report
-from netsense.bench.grid import families, load_grid
+from netsense.bench.grid import NO_WIRE, families, load_grid
 from netsense.bench.provenance import describe, provenance
-from netsense.bench.stats import at_targets, sensitivity, summarize, x_allreduce
+from netsense.bench.stats import at_targets, matched_ceiling, sensitivity, summarize, x_allreduce
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
@@ -43,7 +43,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     os.makedirs(out_dir, exist_ok=True)
     results = []
     ceilings: list[float | None] = []
-    if grid.get("ceiling") and not cluster:
+    if grid.get("ceiling") is True and not cluster:
         ceilings.append(cells.measure_ceiling(grid, out_dir, "before"))
     start = time.monotonic()
     stop = threading.Event()  # Ctrl-C: a cluster cell deletes its job and returns
@@ -107,10 +107,14 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     measured = [c for c in ceilings if c]
     ceiling = sum(measured) / len(measured) if measured else None
     family = families(grid)
-    rows = summarize(results, family)
-    at_targets(results, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"), family)
+    trained = [r for r in results if not r["method_label"].endswith(NO_WIRE)]  # the twins are no methods
+    rows = summarize(trained, family)
+    at_targets(trained, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"), family)
+    if grid.get("ceiling") == "matched":
+        base = grid.get("base") or {}
+        matched_ceiling(rows, results, base.get("workers", 2) * base.get("training", {}).get("batchSize", 32))
     x_allreduce(rows)
-    varied = sensitivity(results, grid)
+    varied = sensitivity(trained, grid)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(results, fh, indent=1, default=str)
     for r in rows:

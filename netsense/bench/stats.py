@@ -9,7 +9,7 @@ import math
 import os
 import statistics
 
-from netsense.bench.grid import sensitivity_groups
+from netsense.bench.grid import NO_WIRE, sensitivity_groups
 
 
 def _mean(values: list[float]) -> float | None:
@@ -303,3 +303,34 @@ def x_allreduce(rows: list[dict], reference: str = "allreduce") -> None:
     for r in rows:
         own, theirs = r.get("samples_per_s"), ref.get(r["scenario"])
         r["x_allreduce"] = own / theirs if own and theirs else None
+
+
+def matched_ceiling(rows: list[dict], results: list[dict], samples_per_step: int) -> None:
+    """``ceiling: matched``: each row against its method's twins without the wire (grid.wire_twins), seed by
+    seed: the twins' steady samples/s (the ceiling), the row's samples/s over it, and per step the network time
+    left exposed, ``samples_per_step x (1/samples_per_s - 1/ceiling)``, against the wire time of the bytes the
+    run sent, ``bytes per step and worker x 8 / the link's median rate``: a ratio of 1 means every byte cost its
+    wire time and nothing more (no overlap, no overhead), above 1 what the collectives cost beyond the wire
+    (latency, the probes' extra steps, waiting on the slower rank), below 1 what overlapped the compute."""
+    by_cell = {(r["scenario"], r["method_label"], r.get("seed", 0)): r for r in results}
+    for row in rows:
+        ceilings, exposed, wire = [], [], []
+        for (scenario, label, seed), r in by_cell.items():
+            if (scenario, label) != (row["scenario"], row["method"]):
+                continue
+            twin = by_cell.get((scenario, label + NO_WIRE, seed))
+            real, free = r.get("throughput_samples_per_s"), (twin or {}).get("throughput_samples_per_s")
+            if not real or not free:
+                continue
+            ceilings.append(free)
+            exposed.append(samples_per_step * (1 / real - 1 / free))
+            rate, steps = r.get("link_rate_mbit_median"), r.get("steps")
+            if rate and steps and r.get("bytes_sent_per_worker") is not None:
+                wire.append(r["bytes_sent_per_worker"] / steps * 8 / (rate * 1e6))
+        ceiling = _mean(ceilings)
+        row["ceiling_samples_per_s"] = ceiling
+        row["ratio_to_ceiling"] = row["samples_per_s"] / ceiling if ceiling and row.get("samples_per_s") else None
+        row["exposed_ms"] = 1e3 * _mean(exposed) if exposed else None
+        row["wire_ms"] = 1e3 * _mean(wire) if wire else None
+        row["exposed_over_wire"] = (row["exposed_ms"] / row["wire_ms"]
+                                    if row["exposed_ms"] is not None and row["wire_ms"] else None)

@@ -68,16 +68,20 @@ def ddp_options(config: dict | str | None, backend: str) -> dict:
 
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
              process_group: dist.ProcessGroup | None = None, seed: int = 0,
-             momentum: float = 0.0, weight_decay: float = 0.0) -> MeasuredState:
+             momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False) -> MeasuredState:
     """Register the hook for ``config['method']`` on a DDP model; returns its state.
 
     ``momentum`` and ``weight_decay`` are the SGD optimizer's: a method with momentumCorrection applies
     them in the hook (memory.LocalMomentum), and the optimizer must then use ``state.optimizer_terms``.
+    ``null_wire``: the collectives move no bytes (communicator.py; benchmarks only: the ranks do not train as
+    one model).
     """
     c = validate_config(config)
     method = c["method"]
     world = dist.get_world_size(process_group)
     if method == "fp16":
+        if null_wire:
+            raise ValueError("null_wire: method fp16 runs torch's own hook and collective")
         state: MeasuredState = TorchHookState(default_hooks.fp16_compress_hook, process_group,
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
                                process_group, fp16=True, always_dense=True)
@@ -113,6 +117,6 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
                              seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local,
-                             shared=shared)
+                             shared=shared, null_wire=null_wire)
     model.register_comm_hook(state, compress_hook)
     return state

@@ -1,5 +1,11 @@
 """The communicator: a collective launched asynchronously, its busy time recorded, and the bucket's result
-built in its completion callback, so communication overlaps the rest of the backward pass."""
+built in its completion callback, so communication overlaps the rest of the backward pass.
+
+With ``null`` (spec training.nullWire: the benchmark's contention-matched ceiling) a collective moves no bytes:
+each rank's own contribution stands in for every rank's (an all_reduce's sum is world x its own tensor, an
+all_gather's chunks are copies of its own), and a one-element all_reduce keeps the ranks in step. Everything
+else a step does, compression, error feedback, decoding every chunk, runs as it would: what is left of a step's
+time beyond such a run's is the network's."""
 
 from __future__ import annotations
 
@@ -25,12 +31,37 @@ def launch(start: Callable[[], torch.futures.Future], timer: IntervalTimer,
     return fut.then(finish)
 
 
+def in_step(result: list[torch.Tensor], group: dist.ProcessGroup | None) -> torch.futures.Future:
+    """A null collective's future: a one-element all_reduce (the ranks stay in step), whose value is ``result``,
+    built locally beforehand."""
+    token = torch.zeros(1, device=result[0].device)
+    return dist.all_reduce(token, group=group, async_op=True).get_future().then(lambda _: result)
+
+
 def allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, timer: IntervalTimer,
-              then: Callable[[torch.futures.Future], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
+              then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False
+              ) -> torch.futures.Future[torch.Tensor]:
+    if null:
+        return launch(lambda: in_step([tensor.mul_(dist.get_world_size(group))], group), timer, then)
     return launch(lambda: dist.all_reduce(tensor, group=group, async_op=True).get_future(), timer, then)
 
 
+def allreduce_now(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: bool = False) -> None:
+    """A blocking all_reduce (the caller times it)."""
+    if null:
+        in_step([tensor.mul_(dist.get_world_size(group))], group).wait()
+    else:
+        dist.all_reduce(tensor, group=group)
+
+
 def allgather(outputs: list[torch.Tensor], packed: torch.Tensor, group: dist.ProcessGroup | None,
-              timer: IntervalTimer, then: Callable[[torch.futures.Future], torch.Tensor]
+              timer: IntervalTimer, then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False
               ) -> torch.futures.Future[torch.Tensor]:
+    if null:
+        def copies() -> torch.futures.Future:
+            for out in outputs:
+                out.copy_(packed)
+            return in_step(outputs, group)
+
+        return launch(copies, timer, then)
     return launch(lambda: dist.all_gather(outputs, packed, group=group, async_op=True).get_future(), timer, then)

@@ -73,13 +73,15 @@ class CompressionState(MeasuredState):
                momentum correction; None: the optimizer applies them)
     shared     with momentum correction, the momentum of PowerSGD steps applied after the all-reduce instead
                (memory.SharedMomentum; None: every step runs with the correction)
+    null_wire  the collectives move no bytes (communicator.py: the benchmark's contention-matched ceiling)
     """
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
                  error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
                  measure_progress: bool = False, momentum: LocalMomentum | None = None,
-                 shared: SharedMomentum | None = None):
+                 shared: SharedMomentum | None = None, null_wire: bool = False):
         super().__init__(process_group)
+        self.null_wire = null_wire
         self.policy = policy
         self.memory = ResidualMemory() if error_feedback else None
         self.momentum = momentum
@@ -167,7 +169,7 @@ class CompressionState(MeasuredState):
                 buf.copy_(f.value()[0])
             return buf
 
-        return communicator.allreduce(tensor, self.group, self.timer, done)
+        return communicator.allreduce(tensor, self.group, self.timer, done, self.null_wire)
 
     def sparse(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = time.perf_counter()
@@ -190,7 +192,7 @@ class CompressionState(MeasuredState):
         c.elements_sent += selected  # the selection's work: padding costs none
         c.elements_total += n
         return communicator.allgather(gathered, packed, self.group, self.timer,
-                                      lambda _: TopK.decompress(buf, gathered, k, d.fp16, self.world))
+                                      lambda _: TopK.decompress(buf, gathered, k, d.fp16, self.world), self.null_wire)
 
 
     def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -205,7 +207,7 @@ class CompressionState(MeasuredState):
         c = self.counts
         c.selection_seconds += time.perf_counter() - t0
         token = self.timer.start()  # waited for here: the Q's need the summed P's
-        dist.all_reduce(first, group=self.group)
+        communicator.allreduce_now(first, self.group, self.null_wire)
         self.timer.stop(token)
         t1 = time.perf_counter()
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
@@ -226,7 +228,7 @@ class CompressionState(MeasuredState):
             self.lowrank.apply(buf, residual, pieces, hats, second, vectors, self.world, rank)
             return buf
 
-        return communicator.allreduce(second, self.group, self.timer, done)
+        return communicator.allreduce(second, self.group, self.timer, done, self.null_wire)
 
 
 def padded(packed: torch.Tensor, k: int, pad: int) -> torch.Tensor:

@@ -171,6 +171,13 @@ def _check_family_pilot(c: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.familyPilot", "chooses between TopK and PowerSGD: give the PowerSGD ranks in lowRanks")
 
 
+def _check_null_wire(spec: dict, path: str, errors: Errors) -> None:
+    c, t = spec.get("compression") or {}, spec.get("training") or {}
+    if t.get("nullWire") and c.get("method") == "fp16":
+        errors.add(_join(path, "training.nullWire"), "method fp16 runs torch's own hook and collective: "
+                                                     "it cannot run without the wire")
+
+
 def _check_pilot_optimizer(spec: dict, path: str, errors: Errors) -> None:
     c, t = spec.get("compression") or {}, spec.get("training") or {}
     if c.get("familyPilot") and t.get("optimizer") != "sgd":
@@ -207,6 +214,11 @@ TRAINING = Obj({
                          "after equal epochs can be read off every run")),
     "evalEvery": F(Int(min=1, doc="evaluate every N steps (default: every epoch)")),
     "evalSamples": F(Int(min=1), default=2000),
+    "nullWire": F(Bool(doc="benchmarks only (a grid's contention-matched ceiling): every gradient collective "
+                       "moves no bytes, each rank's own contribution standing in for the others' and a one-element "
+                       "all_reduce keeping the ranks in step, so compression, error feedback and decoding still run "
+                       "on every worker; the ranks do not train one model. Not with method fp16 (torch's hook)"),
+                  default=False),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),
     "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
     "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "
@@ -452,7 +464,7 @@ SPEC = Obj({
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
     "output": F(OUTPUT),
-}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer], cel=podtemplate.SHAPED_CEL)
+}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer, _check_null_wire], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,

@@ -148,7 +148,7 @@ class Trainer:
         sgd = self.t["optimizer"] == "sgd"  # momentum correction is SGD's: Adam keeps its own terms
         self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
                              momentum=self.t["momentum"] if sgd else 0.0,
-                             weight_decay=self.t["weightDecay"] if sgd else 0.0)
+                             weight_decay=self.t["weightDecay"] if sgd else 0.0, null_wire=self.t["nullWire"])
         if not sgd:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
