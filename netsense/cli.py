@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
 import warnings
 
@@ -36,6 +37,17 @@ class Terminated(BaseException):
     """SIGTERM/SIGHUP, raised so that `finally` blocks and context managers clean up."""
 
 
+
+
+def _grid_format() -> str:
+    """The grid file's format, from netsense.bench's docstring (without importing the bench: --help stays fast)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("netsense.bench")
+    with open(spec.origin) as fh:
+        text = fh.read()
+    start, end = text.find("A grid file::"), text.find("A scenario is")
+    return text[start:end].rstrip() if start >= 0 and end > start else ""
 def _on_signal(signum, _frame):
     raise Terminated(signum)
 
@@ -215,12 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_validate)
 
     s = sub.add_parser("bench", help="run a grid of methods x profiles x seeds and compare them fairly",
-                       description="Run every cell of GRID (methods x bandwidth profiles x seeds), each method "
+                       description=textwrap.fill("Run every cell of GRID (methods x bandwidth profiles x seeds), each method "
                                    "to the same target accuracy with the same budget, in a shuffled, "
                                    "interleaved order; write DIR/summary.json (every run), table.json and "
                                    "summary.md (time to accuracy with paired intervals, failed runs named) and "
                                    "plots. A run interrupted and started again with the same --out reuses its "
-                                   "finished cells.")
+                                   "finished cells.", 79),
+                       epilog=_grid_format(), formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("grid", help="grid YAML (see testbed/grids/)")
     s.add_argument("--out", metavar="DIR", default=None, help="output directory (default runs/bench-TIMESTAMP)")
     s.add_argument("--cluster", action="store_true",

@@ -302,6 +302,8 @@ def test_every_subcommand_explains_itself_in_its_help():
         if name in ("operator", "testbed"):  # the operator's own --help; the deprecated spelling
             continue
         assert parser.description and len(parser.description) > 40, f"`netsense {name} --help` has no description"
+    grid_help = sub.choices["bench"].format_help()  # the grid file's format, every optional key
+    assert "A grid file::" in grid_help and "ceiling: matched" in grid_help and "accuracyAfterEpochs" in grid_help
 
 
 @pytest.mark.root
