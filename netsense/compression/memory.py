@@ -151,7 +151,7 @@ class LocalMomentum:
             u.index_fill_(0, indices.to(torch.long), 0)
 
 
-class SharedMomentum:
+class SharedMomentum(LocalMomentum):
     """Momentum after the all-reduce, as the optimizer applies it (identical on every rank): tta's PowerSGD
     steps while its TopK and dense steps run with momentum correction (``lowRankMomentumCorrection`` false).
 
@@ -173,24 +173,11 @@ class SharedMomentum:
     error feedback.
     """
 
-    def __init__(self, momentum: float, weight_decay: float) -> None:
-        self.momentum, self.weight_decay = momentum, weight_decay
-        self.layout = ParameterLayout()
-
-    @property
-    def velocities(self) -> dict[int, torch.Tensor]:
-        """The shared velocities by bucket index (the current layout's)."""
-        return self.layout.tensors
-
     def apply(self, index: int, update: torch.Tensor, views: list[torch.Tensor],
               params: list[torch.Tensor]) -> torch.Tensor:
-        """update <- U <- m U + update + wd w, in place; returns it (a future's ``then`` callback)."""
-        if self.weight_decay:
-            for view, param in zip(views, params, strict=True):
-                view.add_(param.detach(), alpha=self.weight_decay)
-        u = self.layout.tensor(index, update, views, params)
-        update.add_(u, alpha=self.momentum)
-        u.copy_(update)
+        """update <- U <- m U + update + wd w, in place (LocalMomentum's recurrence, on the averaged update);
+        returns it (a future's ``then`` callback)."""
+        self.accumulate(index, update, views, params)
         return update
 
     def to_shared(self, index: int, residual: torch.Tensor, local: LocalMomentum, grad: torch.Tensor,
