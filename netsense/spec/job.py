@@ -217,7 +217,8 @@ TRAINING = Obj({
     "nullWire": F(Bool(doc="benchmarks only (a grid's contention-matched ceiling): every gradient collective "
                        "moves no bytes, each rank's own contribution standing in for the others' and a one-element "
                        "all_reduce keeping the ranks in step, so compression, error feedback and decoding still run "
-                       "on every worker; the ranks do not train one model. Not with method fp16 (torch's hook)"),
+                       "on every worker; the ranks do not train one model (DDP's own broadcast of batch-norm buffers "
+                       "still runs). Not with method fp16 (torch's hook)"),
                   default=False),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),
     "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
