@@ -121,44 +121,46 @@ def test_the_ceiling_brackets_the_cells_and_their_mean_is_the_reference(tmp_path
 
 def test_a_matched_ceiling_runs_each_cells_twin_without_the_wire_and_reports_the_exposed_network_time(
         tmp_path, monkeypatch):
-    """ceiling: matched: each cell's twin is the same job with training.nullWire, a fixed number of steps and no
-    stop at the target, interleaved among the cells (no one-worker ceiling), never a method of the table. Per
-    method: samples/s over its twins', and the network time left exposed per step (64 samples a step: 64 x
-    (1/1000 - 1/2000) s = 32 ms) against the wire time of its bytes (1 MB a step at 500 Mbit/s: 16 ms): 2.0."""
+    """ceiling: matched: each cell of a fixed method is followed by its twin, the same job with training.nullWire,
+    a fixed number of steps and no stop at the target (no one-worker ceiling), never a method of the table; an
+    adaptive method has no twin (without the wire it would sense a free link and choose other steps) and is read
+    against the twins of the fixed TopK density nearest its own. Per method: samples/s over the twins', and the
+    network time left exposed per step (64 samples a step: 64 x (1/1000 - 1/2000) s = 32 ms) against the wire
+    time of its bytes (1 MB a step at 500 Mbit/s: 16 ms): 2.0."""
     from netsense.bench import cells, report
 
-    grid = {**GRID, "ceiling": "matched", "ceilingSteps": 40, "accuracyAfterEpochs": 1,
-            "methods": {**GRID["methods"], "fp16": {"method": "fp16"}}}
+    grid = {**GRID, "ceiling": "matched", "ceilingSteps": 40, "accuracyAfterEpochs": 1, "order": "grid",
+            "methods": {**GRID["methods"], "fp16": {"method": "fp16"}, "tta": {"method": "tta"}}}
     _, loaded, _ = load_grid(write(tmp_path, grid))
-    twins = [c for c in loaded if c.method.endswith("@nowire")]
-    assert sorted(c.method for c in twins) == ["allreduce@nowire", "topk-0.1@nowire"]  # fp16: torch's hook
-    t = twins[0].job["spec"]["training"]
+    assert [c.method for c in loaded] == ["allreduce", "allreduce@nowire", "fp16", "topk-0.1", "topk-0.1@nowire",
+                                          "tta"]
+    t = loaded[1].job["spec"]["training"]
     assert t["nullWire"] and t["stopAtTarget"] is False and t["maxSteps"] == 40 and "minEpochs" not in t
-    order = []
 
     def fake_run(cell, cell_dir, plot=False):
-        order.append(cell.method)
         r = _r(cell.method, cell.scenario, cell.seed, 1.0, 2000.0 if cell.method.endswith("@nowire") else 1000.0)
-        return {**r, "bytes_sent_per_worker": 10e6, "steps": 10, "link_rate_mbit_median": 500.0}
+        return {**r, "bytes_sent_per_worker": 10e6, "steps": 10, "link_rate_mbit_median": 500.0, "workers": 2,
+                "mean_density": 1.0 if cell.method == "fp16" else 0.1}
 
     monkeypatch.setattr(cells, "run_local", fake_run)
     monkeypatch.setattr(report, "plots", lambda *a: [])
     assert run_bench(write(tmp_path, grid), str(tmp_path / "out")) == 0
-    assert sorted(order) == ["allreduce", "allreduce@nowire", "fp16", "topk-0.1", "topk-0.1@nowire"]
     rows = {r["method"]: r for r in json.loads((tmp_path / "out" / "table.json").read_text())}
-    assert set(rows) == {"allreduce", "topk-0.1", "fp16"}
+    assert set(rows) == {"allreduce", "topk-0.1", "fp16", "tta"}
     topk = rows["topk-0.1"]
     assert topk["ceiling_samples_per_s"] == 2000 and topk["ratio_to_ceiling"] == pytest.approx(0.5)
     assert topk["exposed_ms"] == pytest.approx(32) and topk["wire_ms"] == pytest.approx(16)
     assert topk["exposed_over_wire"] == pytest.approx(2.0)
-    assert rows["fp16"]["ratio_to_ceiling"] is None  # no twin
+    assert rows["tta"]["ceiling_from"] == "topk-0.1" and rows["tta"]["exposed_over_wire"] == pytest.approx(2.0)
+    assert rows["fp16"]["ratio_to_ceiling"] is None  # dense: no TopK's hook path stands in for it
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| topk-0.1 | 2000 | 0.50 | 32.0 | 16.0 | 2.00 |" in md
+    assert "| topk-0.1 | topk-0.1 | 2000 | 0.50 | 32.0 | 16.0 | 2.00 |" in md
 
 
 @pytest.mark.parametrize("bad, says", [({"ceiling": "yes"}, "ceiling: true .* or matched"),
                                        ({"ceiling": "matched", "ceilingSteps": 5}, "ceilingSteps: must be an "
-                                                                                   "integer of at least 10")])
+                                                                                   "integer of at least 10"),
+                                       ({"ceilingSteps": 50}, "ceilingSteps: only with ceiling: matched")])
 def test_a_bad_ceiling_is_refused_naming_the_field(tmp_path, bad, says):
     with pytest.raises(SpecError, match=says):
         load_grid(write(tmp_path, {**GRID, **bad}))

@@ -84,6 +84,15 @@ def _held(state, momentum: float) -> torch.Tensor:
     return residual * scale + (local + shared) * momentum / (1 - momentum)
 
 
+def _idle_velocity(state) -> float:
+    """The largest velocity the family not running holds (the shared one on a corrected step, the rank's own on a
+    PowerSGD step): a switch must have moved it, not left it to be counted later."""
+    if getattr(state, "shared", None) is None:
+        return 0.0
+    idle = state.momentum if state.shared_step else state.shared
+    return max((float(v.abs().max()) for v in idle.velocities.values()), default=0.0)
+
+
 def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
     """Each case (method, config, plan[, momentum]) on a model of its own: per step, what the model received
     (the averaged update), what this rank fed in and what it holds afterwards (_held; fed and held summed over
@@ -100,7 +109,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
         state = register(ddp, {"method": method, **config}, momentum=momentum)
         assert state.memory is not None, f"{method} runs with error feedback by default"
         _force(state, method, plan)
-        received, fed, held = [], [], []
+        received, fed, held, idle = [], [], [], []
         for step in range(len(plan)):
             ddp.zero_grad()
             x = _exact_gradient(rank, step)
@@ -108,12 +117,13 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
             received.append(model.weight.grad.view(-1).clone())
             fed.append(x)
             held.append(_held(state, momentum))
+            idle.append(_idle_velocity(state))
         state.finish()
         totals = torch.stack([torch.stack(fed), torch.stack(held)])
         dist.all_reduce(totals)
         kinds = [(h["dense"], h["fp16"], h["rank"]) for h in state.history]
         out[name] = (torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds,
-                     [h["wire_bytes"] for h in state.history])
+                     [h["wire_bytes"] for h in state.history], idle)
     return out
 
 
@@ -157,7 +167,7 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     momentum m what the ranks fed is worth fed / (1 - m) (what momentum SGD applies of it in the end)."""
     method, _, plan, *rest = SWITCHING[case]
     momentum = rest[0] if rest else 0.0
-    received, fed, held, kinds, _ = switching[0][case]
+    received, fed, held, kinds, *_ = switching[0][case]
     want = [(kind.startswith("dense"), method == "tta" and kind in ("sparse", "padded", "dense16"),
              int(kind.startswith("lowrank")))
             for kind in plan]
@@ -171,7 +181,8 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
         holding = torch.tensor(held[step])
         torch.testing.assert_close(got_so_far, fed_so_far - holding, rtol=0, atol=1e-4 if momentum else 1e-5,
                                    msg=f"{case} step {step}: received != fed - held")
-        if momentum:  # a dense step keeps its velocity
+        if momentum:  # a dense step keeps its velocity; the family not running holds none
+            assert switching[0][case][5][step] == 0.0, f"{case} step {step}: the idle family still holds a velocity"
             continue
         if plan[step].startswith("dense"):
             assert not holding.any(), f"{case} step {step}: a dense step left a residual behind"

@@ -215,6 +215,8 @@ def test_powersgd_steps_momentum_after_the_all_reduce_without_error_feedback_is_
         parse_job(doc(compression={"method": "tta", "lowRanks": [4], "errorFeedback": False}))
     for fine in ({"lowRankMomentumCorrection": True}, {"momentumCorrection": False}, {"lowRanks": []}):
         parse_job(doc(compression={"method": "tta", "lowRanks": [4], "errorFeedback": False, **fine}))
+    for no_momentum in ({"optimizer": "adam"}, {"momentum": 0}):  # nothing to move: nothing to refuse
+        parse_job(doc(training=no_momentum, compression={"method": "tta", "lowRanks": [4], "errorFeedback": False}))
 
 
 def test_a_run_without_the_wire_under_torchs_fp16_hook_is_refused_by_name():

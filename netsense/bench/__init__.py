@@ -6,8 +6,9 @@ never cut short when another method peaks), over several seeds, and the measure
 that counts is time to accuracy (TTA). Regret = a method's mean TTA / the best
 method's mean TTA in that scenario. Every row also says its samples/s over allreduce's on the same link
 (x allreduce: the paper's headline measure) and, with ``ceiling``, over the no-communication ceiling:
-``true``, one worker alone (no second worker's collectives on its cores); ``matched``, each cell's own twin
-run without the wire (both workers run the whole hook path, every collective moves no bytes), which also gives
+``true``, one worker alone (no second worker's collectives on its cores); ``matched``, each fixed method's cell
+followed by its twin without the wire (both workers run the whole hook path, every collective moves no bytes;
+an adaptive method is read against the twins of the fixed TopK density nearest its own), which also gives
 each method's exposed network time per step against the wire time of the bytes it sent.
 A sensitivity section adds a table of each variant's TTA over its method's own, paired on the same seeds.
 

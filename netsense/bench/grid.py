@@ -136,26 +136,35 @@ NO_WIRE = "@nowire"  # the label suffix of a cell's contention-matched twin (``c
 CEILING_STEPS = 100  # a twin's steps unless the grid says ``ceilingSteps``
 
 
+FIXED_DECISIONS = ("allreduce", "topk", "powersgd")  # methods whose steps do not depend on the link they sense
+
+
 def wire_twins(grid: dict, cells: list[Cell]) -> list[Cell]:
-    """``ceiling: matched``: each cell's twin, the same job with training.nullWire (the collectives move no
-    bytes, netsense.compression.communicator) for ``ceilingSteps`` steps, not stopping at the target. Both workers
-    then run the whole hook path, compression, error feedback, decoding and a collective that keeps them in
-    step, on the same cores: the ceiling a method could reach if the wire cost nothing, contention included
-    (one worker alone has no second worker's collectives on its cores). fp16 runs torch's hook: no twin."""
+    """``ceiling: matched``: the cells with, after each, its twin: the same job with training.nullWire (the
+    collectives move no bytes, netsense.compression.communicator) for ``ceilingSteps`` steps, not stopping at the
+    target. Both workers then run the whole hook path, compression, error feedback, decoding and a collective
+    that keeps them in step, on the same cores: the ceiling a method could reach if the wire cost nothing,
+    contention included (one worker alone has no second worker's collectives on its cores).
+
+    Only methods whose steps do not depend on the link get a twin (FIXED_DECISIONS): an adaptive method's twin
+    would sense a link with no cost and choose other steps (denser, or dense), so its row is read against the
+    twin of the fixed TopK density nearest its own mean density (stats.matched_ceiling). fp16 runs torch's hook:
+    no twin either."""
     steps = grid.get("ceilingSteps", CEILING_STEPS)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 10:
         raise SpecError([Issue("ceilingSteps", "must be an integer of at least 10 (the twin's steps)")])
-    twins = []
+    out = []
     for cell in cells:
-        if cell.job["spec"]["compression"].get("method") == "fp16":
+        out.append(cell)
+        if cell.job["spec"]["compression"].get("method", "allreduce") not in FIXED_DECISIONS:
             continue
         spec = merge(cell.job["spec"], {"training": {"nullWire": True, "stopAtTarget": False, "maxSteps": steps}})
         spec["training"].pop("minEpochs", None)
         doc = {**cell.job, "metadata": {"name": _dns(f"{cell.method}-nowire-{cell.scenario}-s{cell.seed}")},
                "spec": spec}
         parse_job(doc)
-        twins.append(Cell(cell.method + NO_WIRE, cell.scenario, cell.seed, doc))
-    return twins
+        out.append(Cell(cell.method + NO_WIRE, cell.scenario, cell.seed, doc))
+    return out
 
 
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
@@ -218,5 +227,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         raise SpecError([Issue("ceiling", "true (one worker alone, before and after the cells) or matched (each "
                                           "cell's twin without the wire, interleaved among the cells)")])
     if grid.get("ceiling") == "matched":
-        cells += wire_twins(grid, cells)
+        cells = wire_twins(grid, cells)
+    elif "ceilingSteps" in grid:
+        raise SpecError([Issue("ceilingSteps", "only with ceiling: matched (the twins' steps)")])
     return grid.get("name", os.path.splitext(os.path.basename(path))[0]), cells, grid

@@ -111,8 +111,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     rows = summarize(trained, family)
     at_targets(trained, rows, grid.get("targets", []), grid.get("accuracyAfterEpochs"), family)
     if grid.get("ceiling") == "matched":
-        base = grid.get("base") or {}
-        matched_ceiling(rows, results, base.get("workers", 2) * base.get("training", {}).get("batchSize", 32))
+        matched_ceiling(rows, results, ((grid.get("base") or {}).get("training") or {}).get("batchSize", 32))
     x_allreduce(rows)
     varied = sensitivity(trained, grid)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
@@ -129,7 +128,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     md = report.markdown(name, rows, grid, ceiling, measured, describe(source, results), varied)
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
-    made = report.plots(out_dir, rows, results) + report.sensitivity_plot(out_dir, varied)
+    made = report.plots(out_dir, rows, trained) + report.sensitivity_plot(out_dir, varied)
     print(md)
     print(f"netsense: wrote {out_dir}/summary.json, summary.md" + "".join(f", {os.path.basename(p)}" for p in made),
           file=sys.stderr)

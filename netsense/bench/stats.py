@@ -305,32 +305,48 @@ def x_allreduce(rows: list[dict], reference: str = "allreduce") -> None:
         r["x_allreduce"] = own / theirs if own and theirs else None
 
 
-def matched_ceiling(rows: list[dict], results: list[dict], samples_per_step: int) -> None:
+def matched_ceiling(rows: list[dict], results: list[dict], batch_size: int) -> None:
     """``ceiling: matched``: each row against its method's twins without the wire (grid.wire_twins), seed by
     seed: the twins' steady samples/s (the ceiling), the row's samples/s over it, and per step the network time
     left exposed, ``samples_per_step x (1/samples_per_s - 1/ceiling)``, against the wire time of the bytes the
     run sent, ``bytes per step and worker x 8 / the link's median rate``: a ratio of 1 means every byte cost its
     wire time and nothing more (no overlap, no overhead), above 1 what the collectives cost beyond the wire
-    (latency, the probes' extra steps, waiting on the slower rank), below 1 what overlapped the compute."""
+    (latency, the probes' extra steps, waiting on the slower rank), below 1 what overlapped the compute. A
+    method without twins of its own (adaptive: grid.wire_twins) is read against the twins of the fixed TopK
+    density nearest its mean density in the scenario (``ceiling_from``), whose hook path does the same work a
+    step. The twins pay one minimal collective's latency per collective (the link's delay, if it has one, is in
+    the ceiling), and a step's bytes are averaged over every step where the samples/s skip the first tenth."""
     by_cell = {(r["scenario"], r["method_label"], r.get("seed", 0)): r for r in results}
+    twinned = {label[:-len(NO_WIRE)] for _, label, _ in by_cell if label.endswith(NO_WIRE)}
     for row in rows:
+        source = row["method"] if row["method"] in twinned else _nearest_fixed(row, rows, twinned)
         ceilings, exposed, wire = [], [], []
         for (scenario, label, seed), r in by_cell.items():
             if (scenario, label) != (row["scenario"], row["method"]):
                 continue
-            twin = by_cell.get((scenario, label + NO_WIRE, seed))
+            twin = by_cell.get((scenario, f"{source}{NO_WIRE}", seed)) if source else None
             real, free = r.get("throughput_samples_per_s"), (twin or {}).get("throughput_samples_per_s")
             if not real or not free:
                 continue
             ceilings.append(free)
-            exposed.append(samples_per_step * (1 / real - 1 / free))
+            exposed.append(r.get("workers", 2) * batch_size * (1 / real - 1 / free))
             rate, steps = r.get("link_rate_mbit_median"), r.get("steps")
             if rate and steps and r.get("bytes_sent_per_worker") is not None:
                 wire.append(r["bytes_sent_per_worker"] / steps * 8 / (rate * 1e6))
         ceiling = _mean(ceilings)
+        row["ceiling_from"] = source if ceiling else None
         row["ceiling_samples_per_s"] = ceiling
         row["ratio_to_ceiling"] = row["samples_per_s"] / ceiling if ceiling and row.get("samples_per_s") else None
         row["exposed_ms"] = 1e3 * _mean(exposed) if exposed else None
         row["wire_ms"] = 1e3 * _mean(wire) if wire else None
         row["exposed_over_wire"] = (row["exposed_ms"] / row["wire_ms"]
                                     if row["exposed_ms"] is not None and row["wire_ms"] else None)
+
+
+def _nearest_fixed(row: dict, rows: list[dict], twinned: set[str]) -> str | None:
+    """The twinned fixed TopK row of the same scenario whose mean density is nearest ``row``'s (on a log scale)."""
+    fixed = [r for r in rows if r["scenario"] == row["scenario"] and r["method"] in twinned
+             and r.get("mean_density") and r["method"].startswith("topk")]
+    if not fixed or not row.get("mean_density") or row["mean_density"] >= 1:  # dense (fp16): no TopK's work
+        return None
+    return min(fixed, key=lambda r: abs(math.log(r["mean_density"] / row["mean_density"])))["method"]

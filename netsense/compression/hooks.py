@@ -86,8 +86,8 @@ class CompressionState(MeasuredState):
         self.memory = ResidualMemory() if error_feedback else None
         self.momentum = momentum
         if shared is not None and (momentum is None or self.memory is None):
-            raise ValueError("a shared momentum takes over from momentum correction through the residual: "
-                             "it needs both")
+            raise ValueError("lowRankMomentumCorrection false (a shared momentum for PowerSGD steps) takes over "
+                             "from momentum correction through the residual: it needs both, and errorFeedback")
         self.shared = shared
         self.shared_step = False  # this step's momentum is the shared one (a PowerSGD step)
         self.switching = False  # ... and the last step's was not, or the other way round

@@ -160,10 +160,14 @@ def _check_step_law(c: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.learnKnee", "learns the knee of stepLaw inverse, not the power law's exponent")
 
 
-def _check_lowrank_momentum(c: dict, path: str, errors: Errors) -> None:
-    if c["lowRanks"] and c["momentumCorrection"] and not c["lowRankMomentumCorrection"] and not c["errorFeedback"]:
-        errors.add(f"{path}.lowRankMomentumCorrection", "false (the default) moves each rank's velocity into its "
-                   "residual when PowerSGD takes over: needs errorFeedback (or set it true)")
+def _check_lowrank_momentum(spec: dict, path: str, errors: Errors) -> None:
+    c, t = spec.get("compression") or {}, spec.get("training") or {}
+    momentum = t.get("optimizer") == "sgd" and t.get("momentum", 0) > 0  # else the hook has none to move
+    if (c.get("method") == "tta" and c.get("lowRanks") and c.get("momentumCorrection") and momentum
+            and not c.get("lowRankMomentumCorrection") and not c.get("errorFeedback")):
+        errors.add(_join(path, "compression.lowRankMomentumCorrection"),
+                   "false (the default) moves each rank's velocity into its residual when PowerSGD takes over: "
+                   "needs errorFeedback (or set it true)")
 
 
 def _check_family_pilot(c: dict, path: str, errors: Errors) -> None:
@@ -359,7 +363,7 @@ COMPRESSION = Union("method", {
                                            f"{PILOT_EXPONENT} fitted on the development tasks "
                                            "(testbed/results/learnability.md, section 6)"),
                                  default=PILOT_EXPONENT),
-    }, checks=[_check_momentum, _check_step_law, _check_lowrank_momentum, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+    }, checks=[_check_momentum, _check_step_law, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")
@@ -465,7 +469,7 @@ SPEC = Obj({
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
     "output": F(OUTPUT),
-}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer, _check_null_wire], cel=podtemplate.SHAPED_CEL)
+}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer, _check_lowrank_momentum, _check_null_wire], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,
