@@ -38,7 +38,6 @@ class Terminated(BaseException):
 
 
 
-
 def _grid_format() -> str:
     """The grid file's format, from netsense.bench's docstring (without importing the bench: --help stays fast)."""
     import importlib.util
@@ -48,6 +47,8 @@ def _grid_format() -> str:
         text = fh.read()
     start, end = text.find("A grid file::"), text.find("A scenario is")
     return text[start:end].rstrip() if start >= 0 and end > start else ""
+
+
 def _on_signal(signum, _frame):
     raise Terminated(signum)
 

@@ -38,20 +38,21 @@ def in_step(result: list[torch.Tensor], group: dist.ProcessGroup | None) -> torc
     return dist.all_reduce(token, group=group, async_op=True).get_future().then(lambda _: result)
 
 
+def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: bool) -> torch.futures.Future:
+    if null:  # the sum of world copies of this rank's own tensor
+        return in_step([tensor.mul_(dist.get_world_size(group))], group)
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+
 def allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, timer: IntervalTimer,
               then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False
               ) -> torch.futures.Future[torch.Tensor]:
-    if null:
-        return launch(lambda: in_step([tensor.mul_(dist.get_world_size(group))], group), timer, then)
-    return launch(lambda: dist.all_reduce(tensor, group=group, async_op=True).get_future(), timer, then)
+    return launch(lambda: _all_reduce(tensor, group, null), timer, then)
 
 
 def allreduce_now(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: bool = False) -> None:
     """A blocking all_reduce (the caller times it)."""
-    if null:
-        in_step([tensor.mul_(dist.get_world_size(group))], group).wait()
-    else:
-        dist.all_reduce(tensor, group=group)
+    _all_reduce(tensor, group, null).wait()
 
 
 def allgather(outputs: list[torch.Tensor], packed: torch.Tensor, group: dist.ProcessGroup | None,

@@ -261,10 +261,11 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         state.progress.dense(bucket.index(), buf)  # before either path changes buf in place
     d = state.decision
     fut = state.dense(bucket) if d.dense else state.low_rank(bucket) if d.rank else state.sparse(bucket)
-    index, views, params = bucket.index(), bucket.gradients(), bucket.parameters()
+    index = bucket.index()
     if measuring:  # the update before any shared momentum: the reference is this step's raw gradient then
         fut = fut.then(lambda f: state.progress.update(index, f.value()))
     if state.shared_step:
+        views, params = bucket.gradients(), bucket.parameters()
         fut = fut.then(lambda f: state.shared.apply(index, f.value(), views, params))
     return fut
 
