@@ -158,9 +158,12 @@ def shared_gpu_job(ctx: Ctx) -> Step:
     device = "cuda" if ctx.cuda else "cpu"
     steps = 120
     profiles = {"static": {"type": "static", "rate": "200Mbit"},
-                # The step lands early: 120 steps last ~2.5 s on 2 CPU cores (80 lasted 1.8 s, and under 1 s on
-                # one CI run, where a step at 1 s never came), so 0.4 s leaves a margin of several times.
-                "step": {"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"}, {"at": "0.4s", "rate": "50Mbit"}]}}
+                # The rate alternates every 0.4 s for 6 s, so any run whose steps span 0.4 s sees two rates
+                # wherever it starts: 120 steps last ~2.5 s on 2 CPU cores (under 1 s on one CI run), 2.2-5 s
+                # on an H200, where the first step (CUDA's warm-up) ended at 0.40-0.41 s, past a single step
+                # at 0.4 s on one run of two.
+                "step": {"type": "steps", "steps": [{"at": f"{0.4 * i:.1f}s", "rate": ("200Mbit", "50Mbit")[i % 2]}
+                                                    for i in range(15)]}}
     problems = []
     for name, profile in profiles.items():
         run_dir = ctx.out / f"job-{name}"

@@ -6,14 +6,21 @@
 # where they can and say what they skipped and why; CI runs that dry mode (tests/test_gpu_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# A Python with torch: the repo's venv, or one over a system torch (a GPU machine that cannot reach PyPI),
-# or a fresh `make venv`.
-if [[ ! -x .venv/bin/python ]]; then
+# A Python with torch: the repo's venv; or, on a GPU machine that cannot reach PyPI, the python3 that holds
+# torch: used as it is (with the repo on PYTHONPATH) where it is itself a virtualenv, whose packages a venv
+# made from it would not see, else through a venv over its system packages; or a fresh `make venv`.
+PY=.venv/bin/python
+if [[ ! -x $PY ]]; then
   if python3 -c 'import torch' 2>/dev/null; then
-    python3 -m venv --system-site-packages .venv
-    .venv/bin/pip install -q --no-deps --no-build-isolation -e . || .venv/bin/pip install -q -e .
+    if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+      PY=$(command -v python3)
+      export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      python3 -m venv --system-site-packages .venv
+      .venv/bin/pip install -q --no-deps --no-build-isolation -e . || .venv/bin/pip install -q -e .
+    fi
   else
     make venv
   fi
 fi
-exec .venv/bin/python testbed/gpu/check.py "$@"
+exec "$PY" testbed/gpu/check.py "$@"
