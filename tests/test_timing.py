@@ -107,14 +107,15 @@ def measured(monkeypatch) -> _Measured:
 def _step(state: _Measured, clock: Clock, forward_at: float | None, first_bucket_at: float,
           intervals: list[tuple[float, float]], selection: float, end_at: float) -> dict:
     """One step: the forward pass marked at ``forward_at`` (None: not marked), the first bucket's hook at
-    ``first_bucket_at``, collectives over ``intervals``, ``selection`` seconds of selection; ends at ``end_at``."""
+    ``first_bucket_at``, collectives over ``intervals``, ``selection`` seconds of selection (timed by the state's
+    selection timer from the first bucket on, as the hooks do); ends at ``end_at``."""
     if forward_at is not None:
         clock.at(forward_at)
         state.start_step()
     clock.at(first_bucket_at)
     state.begin_step(torch.device("cpu"))
     _play(clock, state.timer, intervals)
-    state.counts.selection_seconds += selection
+    _play(clock, state.selection_timer, [(first_bucket_at, first_bucket_at + selection)] if selection else [])
     clock.at(end_at)
     return state.end_step()
 

@@ -34,7 +34,6 @@ method's own (allreduce; fp16); each record says which (``dense_reason``).
 """
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -172,7 +171,7 @@ class CompressionState(MeasuredState):
         return communicator.allreduce(tensor, self.group, self.timer, done, self.null_wire)
 
     def sparse(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        t0 = time.perf_counter()
+        t0 = self.selection_timer.start()
         d, buf = self.decision, bucket.buffer()
         n = buf.numel()
         k = max(1, min(n, math.ceil(d.density * n)))
@@ -186,7 +185,7 @@ class CompressionState(MeasuredState):
         ws = self.topk.workspace(bucket)
         gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         c = self.counts
-        c.selection_seconds += time.perf_counter() - t0
+        self.selection_timer.stop(t0)
         c.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
         c.payload_bytes += packed.numel()
         c.elements_sent += selected  # the selection's work: padding costs none
@@ -198,20 +197,20 @@ class CompressionState(MeasuredState):
     def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """PowerSGD at the decision's rank (lowrank.py): the P's (and the vectors) all_reduced and waited for,
         then the Q's all_reduced asynchronously; error feedback in the same residual as TopK's."""
-        t0 = time.perf_counter()
+        t0 = self.selection_timer.start()
         rank, buf = self.decision.rank, bucket.buffer()
         views, params = bucket.gradients(), bucket.parameters()
         signal = (self.memory.compensate(bucket.index(), buf, views, params) if self.memory is not None else buf)
         pieces = LowRank.pieces(buf, views, params, rank)
         first, mats = self.lowrank.first_pass(signal, pieces, rank)
         c = self.counts
-        c.selection_seconds += time.perf_counter() - t0
+        self.selection_timer.stop(t0)
         token = self.timer.start()  # waited for here: the Q's need the summed P's
         communicator.allreduce_now(first, self.group, self.null_wire)
         self.timer.stop(token)
-        t1 = time.perf_counter()
+        t1 = self.selection_timer.start()
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
-        c.selection_seconds += time.perf_counter() - t1
+        self.selection_timer.stop(t1)
         shapes = [p.shape for p in pieces if p.shape is not None]
         c.wire_bytes += lowrank_allreduce_bytes(shapes, vectors.numel(), rank, self.world)
         c.payload_bytes += (first.numel() + second.numel()) * first.element_size()

@@ -44,7 +44,9 @@ class MeasuredState:
         self.world = dist.get_world_size(process_group)
         self.step = -1
         self.counts = StepCounts()
-        self.timer: IntervalTimer | None = None
+        self.timer: IntervalTimer | None = None  # the collectives
+        self.selection_timer: IntervalTimer | None = None  # selecting and packing: CUDA events on a GPU, where
+        # the host's clock would count the backward kernels a synchronizing call (nonzero) waits for
         self.history: list[dict] = []
         self.device = torch.device("cpu")
         self._step_start = 0.0
@@ -70,6 +72,7 @@ class MeasuredState:
         self._finished = True
         c = self.counts
         busy = self.timer.busy()
+        c.selection_seconds += self.selection_timer.busy()
         compute = max(1e-6, (time.perf_counter() - self._step_start) - self.timer.exposed() - c.selection_seconds)
         record = {
             "step": self.step,
@@ -104,6 +107,7 @@ class MeasuredState:
         self.device = device
         self.counts = StepCounts()
         self.timer = IntervalTimer(device)
+        self.selection_timer = IntervalTimer(device)
         self._step_start = self._forward_start if self._forward_start is not None else time.perf_counter()
         self._forward_start = None
         self._finished = False

@@ -425,6 +425,10 @@ class TimeToAccuracyController(Policy):
         self.lowrank_knee = lowrank_knee
         self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
         self.lowrank_per_rank = 0.0  # PowerSGD's own seconds a step per unit of rank, measured (0: not yet)
+        # A family's first compressed step pays one-time costs (CUDA loading its kernels, workspaces allocated):
+        # on an H200 the first TopK selection took 0.13-0.24 s against ~5 ms after, and priced as every
+        # step's cost it kept tta dense for a whole run (no later sparse step could correct it). Not priced.
+        self.warmed: set[str] = set()
         self.fp16 = fp16  # the values' encoding (values: fp16 | fp32), sparse and dense alike
         self.prior_knee, self.learn_knee = knee, learn_knee
         self.knee_updates = 0  # sparse updates whose progress was measured
@@ -455,9 +459,13 @@ class TimeToAccuracyController(Policy):
             self.quiet_probes = 0 if self.reprobe else self.quiet_probes + 1
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
-        if self.last.rank and not self.last.dense:  # the measured step was PowerSGD's: its own cost, not TopK's
-            if m.selection_seconds > 0:
-                self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
+        family = "lowrank" if self.last.rank and not self.last.dense else "topk"  # PowerSGD's cost is its own
+        if m.selection_seconds <= 0:
+            pass
+        elif family not in self.warmed:
+            self.warmed.add(family)
+        elif family == "lowrank":
+            self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
         else:
             self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
