@@ -15,7 +15,7 @@ mean TTA within 1.1x of the fastest other method's, its accuracy after the grid'
 points of the fastest fixed method's. Then the same scenario's lead as the earlier table (--before) printed it,
 for the before/after.
 
-    python testbed/fair.py --grid fresh-cnn1d --ours tta-lowranks-pilot   # the fresh set (issue 36)
+    python testbed/fair.py --grid fresh-cnn1d,fresh-mlp --ours tta-lowranks-pilot   # the fresh set (issue 36)
 """
 
 from __future__ import annotations
@@ -212,14 +212,15 @@ def report(grid: str, table: str, ours: str, before: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", help="the table: testbed/results/GRID.json (default: every fair grid that landed)")
+    ap.add_argument("--grid", help="the tables: testbed/results/GRID.json, comma-separated (default: every fair grid "
+                                   "that landed)")
     ap.add_argument("--ours", default="tta", help="our method's label (default tta)")
     ap.add_argument("--before", help="the earlier table of the same scenarios (default: the grid's set, e.g. eval4)")
     ap.add_argument("--table", help="a table.json elsewhere (e.g. runs/final/fair4/table.json; needs --grid)")
     args = ap.parse_args()
-    if args.table and not args.grid:
-        ap.error("--table needs --grid (the name its numbers are reported under)")
-    grids = [args.grid] if args.grid else [g for g in FAIR if os.path.exists(os.path.join(RESULTS, f"{g}.json"))]
+    if args.table and (not args.grid or "," in args.grid):
+        ap.error("--table needs --grid with one name (the name its numbers are reported under)")
+    grids = args.grid.split(",") if args.grid else [g for g in FAIR if os.path.exists(os.path.join(RESULTS, f"{g}.json"))]
     for grid in grids:
         report(grid, args.table or os.path.join(RESULTS, f"{grid}.json"), args.ours,
                args.before or FAIR.get(grid, ""))

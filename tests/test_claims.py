@@ -1,5 +1,6 @@
-"""The README's numbers come from committed results: every number in its marked fair-comparison block is printed
-by the recompute script (testbed/fair.py) from the per-seed records alone."""
+"""The README's numbers come from committed results: every number in each of its marked blocks is printed by
+the recompute script (testbed/fair.py) from the per-seed records alone, run as the block's marker says
+(``<!-- fair.py: ... -->`` plainly, ``<!-- fair.py --grid G --ours L: ... -->`` with those arguments)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,22 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBER = re.compile(r"\d+\.\d+")
+BLOCK = re.compile(r"<!-- fair\.py((?: --[a-z]+ [^ :]+)*):.*?-->(.*?)<!-- /fair\.py -->", re.S)
 
 
-def test_every_number_of_the_readmes_fair_comparison_is_printed_by_the_recompute_script():
+def test_every_number_of_the_readmes_marked_blocks_is_printed_by_the_recompute_script():
     with open(os.path.join(REPO, "README.md")) as fh:
         readme = fh.read()
-    block = re.search(r"<!-- fair\.py:.*?-->(.*?)<!-- /fair\.py -->", readme, re.S)
-    assert block, "the README's fair-comparison block (<!-- fair.py: ... --> ... <!-- /fair.py -->) is missing"
-    quoted = set(NUMBER.findall(block.group(1)))
-    assert len(quoted) >= 20, quoted
-    printed = subprocess.run([sys.executable, os.path.join(REPO, "testbed", "fair.py")], capture_output=True,
-                             text=True, check=True, cwd=REPO).stdout
-    missing = sorted(n for n in quoted if n not in set(NUMBER.findall(printed)))
-    assert not missing, f"README numbers testbed/fair.py does not print: {missing}"
+    blocks = BLOCK.findall(readme)
+    assert blocks, "the README's fair-comparison blocks (<!-- fair.py: ... --> ... <!-- /fair.py -->) are missing"
+    assert readme.count("<!-- fair.py") == readme.count("<!-- /fair.py -->") == len(blocks), "a marker not read"
+    for args, text in blocks:
+        quoted = set(NUMBER.findall(text))
+        assert len(quoted) >= 10, (args, quoted)
+        printed = subprocess.run([sys.executable, os.path.join(REPO, "testbed", "fair.py"), *args.split()],
+                                 capture_output=True, text=True, check=True, cwd=REPO).stdout
+        missing = sorted(n for n in quoted if n not in set(NUMBER.findall(printed)))
+        assert not missing, f"README numbers `testbed/fair.py{args}` does not print: {missing}"
 
 
 def _row(method: str, ttas: list[float | None], after: float | None = None) -> dict:

@@ -24,7 +24,7 @@ class StepCounts:
 
     wire_bytes: float = 0.0  # what this rank puts on the wire (the collective's algorithm counted)
     payload_bytes: float = 0.0  # what this rank's gradient was compressed to (before the collective)
-    selection_seconds: float = 0.0  # selecting and packing (the sparse path)
+    selection_seconds: float = 0.0  # compressing: TopK's selecting and packing, PowerSGD's own work
     grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0

@@ -342,8 +342,9 @@ class TimeToAccuracyController(Policy):
     bytes_r the two all_reduces of its P's (with the parameters sent whole) and Q's (lowrank_allreduce_bytes,
     fp32), L one more collective's fixed time (LinkEstimator.fixed: the first all_reduce is waited for inside
     the backward pass), a PowerSGD's own seconds per unit of rank (its matrix products grow with r), measured
-    on its own steps and 0 until one has run: the first low-rank step is tried on the optimistic price and
-    then priced as measured. The step prior is one constant per family, fitted on the tuning task only
+    on its own steps and 0 until two have run: the first low-rank steps are tried on the optimistic price and
+    then priced as measured (a family's first compressed step pays one-time costs and is not priced, as
+    TopK's first selection is not). The step prior is one constant per family, fitted on the tuning task only
     (spec: lowRankKnee; testbed/EVALUATION.md says on which runs), as kneeDensity is for TopK. PowerSGD and
     TopK share the error-feedback residual (memory.ResidualMemory): what one did not send, the other's next
     step sends or keeps, so a switch between the families loses no gradient mass (tests/test_feedback.py);

@@ -158,7 +158,7 @@ def shared_gpu_job(ctx: Ctx) -> Step:
     device = "cuda" if ctx.cuda else "cpu"
     steps = 120
     profiles = {"static": {"type": "static", "rate": "200Mbit"},
-                # The rate alternates every 0.4 s for 6 s, so any run whose steps span 0.4 s sees two rates
+                # The rate alternates every 0.4 s up to 5.6 s, so any run whose steps span 0.4 s sees two rates
                 # wherever it starts: 120 steps last ~2.5 s on 2 CPU cores (under 1 s on one CI run), 2.2-5 s
                 # on an H200, where the first step (CUDA's warm-up) ended at 0.40-0.41 s, past a single step
                 # at 0.4 s on one run of two.
