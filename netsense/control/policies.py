@@ -461,14 +461,13 @@ class TimeToAccuracyController(Policy):
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
         family = "lowrank" if self.last.rank and not self.last.dense else "topk"  # PowerSGD's cost is its own
-        if m.selection_seconds <= 0:
-            pass
-        elif family not in self.warmed:
-            self.warmed.add(family)
-        elif family == "lowrank":
-            self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
-        else:
-            self.selection.add(m.elements_sent, m.selection_seconds)
+        if m.selection_seconds > 0:
+            if family not in self.warmed:  # its first compressed step: one-time costs, not priced
+                self.warmed.add(family)
+            elif family == "lowrank":
+                self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
+            else:
+                self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
         if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
             w = self.KNEE_WEIGHT if self.knee_updates else 1.0
