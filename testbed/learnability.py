@@ -32,9 +32,11 @@ from the task that ranks the tasks as their step counts do. Four readings, each 
    its own batches, until the loss on its share of the fixed batch halves, at most 16 steps): its reading h
    per task, and the exponent of R = h^exponent fitted on the tasks where it reads (the spec's
    familyPilotExponent), each task's prediction with and without itself in the fit.
+7. When the pilot can tell a fork will not halve its loss within its cap: how far each fork had come by steps
+   2-12, split by whether it halved (the evidence for pilot.EARLY_STOPS).
 
-Nothing here is tuned but section 6's exponent, fitted on these development tasks (the fresh evaluation set
-judges it); the rest reads the final run and measures gradients.
+Nothing here is tuned but section 6's exponent and section 7's checkpoints, fitted on these development tasks
+(the fresh evaluation set judges them); the rest reads the final run and measures gradients.
 """
 
 from __future__ import annotations
@@ -334,16 +336,18 @@ def halving_family_reading(task: Task, seed: int, steps: int = 24) -> float:
 
 
 @functools.cache
-def split_pilot_reading(task: Task, seed: int, max_steps: int = pilot.MAX_STEPS) -> float | None:
+def split_pilot_reading(task: Task, seed: int, max_steps: int = pilot.MAX_STEPS, paired: bool = True) -> float | None:
     """tta's pilot as the grid's workers run it (netsense.control.pilot): each rank forks the model and trains
-    its family's fork (TopK on even ranks, PowerSGD on odd) on its own batches and its share of the fixed
-    probe samples; h from the summed forks, None where no fork halved its loss (the priors stand)."""
+    its family's fork (TopK on even ranks, PowerSGD on odd) on its pair's batches and probe samples (its own
+    where not ``paired``, as the pilot ran until 2026-12-04); h from the summed forks, None where no fork halved
+    its loss (the priors stand)."""
     data, net, fixed = _setup(task, seed)
     share = pilot.PROBE_SAMPLES // task.workers
     totals = [0.0] * 5
     for rank in range(task.workers):
-        batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, max_steps)
-        probe = fixed[rank * share:(rank + 1) * share]
+        source = pilot.pair_leader(rank) if paired else rank
+        batches = _batches(data, task.batch // task.workers, seed * 1000 + source, max_steps)
+        probe = fixed[source * share:(source + 1) * share]
         fork = pilot.run_fork(net, pilot.fork_family(rank), batches, (data.train_x[probe], data.train_y[probe]),
                               task.lr, task.momentum, seed, max_steps)
         totals = [a + b for a, b in zip(totals, fork.totals(), strict=True)]
@@ -368,6 +372,8 @@ def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> floa
 # worker's pilot runs at its own batch (the grid's batchSize, not all workers' samples): "per worker".
 PILOT_READING = ("tta's familyPilot: steps to half the first loss, one family a worker, each on its own batches "
                  "(no reading counts as 1)")
+PAIRED_PILOT_READING = ("tta's familyPilot as it runs now: the same, each pair of workers (TopK, PowerSGD) on the "
+                        "same batches and probe samples (no reading counts as 1)")
 FAMILY_READINGS = {
     "forked 2 x 8": (lambda t, s: forked_family_reading(t, s, 8), 16),
     "forked 2 x 16": (lambda t, s: forked_family_reading(t, s, 16), 32),
@@ -377,7 +383,8 @@ FAMILY_READINGS = {
     "forked 2 x 8, per worker": (lambda t, s: forked_family_reading(replace(t, batch=t.batch // t.workers), s, 8),
                                  16),
     "forked, steps to half the first loss (at most 2 x 24)": (halving_family_reading, 48),
-    PILOT_READING: (lambda t, s: split_pilot_reading(t, s) or 1.0, pilot.MAX_STEPS),
+    PILOT_READING: (lambda t, s: split_pilot_reading(t, s, paired=False) or 1.0, pilot.MAX_STEPS),
+    PAIRED_PILOT_READING: (lambda t, s: split_pilot_reading(t, s) or 1.0, pilot.MAX_STEPS),
     "blocks of 3, 2 rounds (in training)": (lambda t, s: block_family_reading(t, s, 3, 2), 0),
     "blocks of 6, 1 round (in training)": (lambda t, s: block_family_reading(t, s, 6, 1), 0),
 }
@@ -447,11 +454,53 @@ def pilot_calibration(results: str) -> list[str]:
     return out
 
 
+CHECKPOINTS = (2, 3, 4, 6, 8, 10, 12)
+
+
+def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[float]]]:
+    """Each rank's pilot fork as the workers run it, but never stopped early (16 steps or until it halves):
+    its family, the step it halved at (None: not within 16) and how far it had come toward half its loss
+    (0: not at all, 1: there) after each of CHECKPOINTS steps."""
+    data, net, fixed = _setup(task, seed)
+    share = pilot.PROBE_SAMPLES // task.workers
+    out = []
+    for rank in range(task.workers):
+        batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, pilot.MAX_STEPS)
+        probe = fixed[rank * share:(rank + 1) * share]
+        curve: list[float] = []
+        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, (data.train_x[probe], data.train_y[probe]),
+                              task.lr, task.momentum, seed, losses=curve, early_stops=())
+        way = [min(1.0, (curve[0] - min(curve[:k + 1])) / (curve[0] / 2)) for k in CHECKPOINTS]
+        out.append((fork.family, fork.steps if fork.halved else None, way))
+    return out
+
+
+def early_stop_evidence() -> list[str]:
+    """How far each development task's pilot forks had come toward half their loss at each checkpoint, split
+    by whether they halved within the cap: a checkpoint may stop a fork below the least of the halving forks'
+    fractions there (none of these would have been stopped) and above the most of the others'."""
+    out = ["| task | forks that halved within 16 (step: min [median]) | forks that did not (step: max [median]) |",
+           "| --- | --- | --- |"]
+    for name, grid in TASKS.items():
+        forks = [f for seed in FAMILY_SEEDS for f in fork_progress(grid_task(grid), seed)]
+        cells = []
+        for halved in (True, False):
+            group = [way for _, steps, way in forks if (steps is not None) is halved]
+            pick = min if halved else max
+            cells.append(f"{len(group)} forks; " + ", ".join(
+                f"{k}: {pick(w[i] for w in group):.0%} [{statistics.median(w[i] for w in group):.0%}]"
+                for i, k in enumerate(CHECKPOINTS)) if group else "none")
+        out.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
     p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
-    p.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to print (comma-separated)")
+    p.add_argument("--sections", default="1,2,3,4,5,6,7", help="which sections to print (comma-separated)")
+    p.add_argument("--pilot-rows", action="store_true", help="section 5: only the pilot's two rows (the rest "
+                                                                "takes most of the time)")
     a = p.parse_args()
     want = {int(x) for x in a.sections.split(",")}
     torch.set_num_threads(1)
@@ -464,9 +513,12 @@ def main() -> None:
         (4, f"A short pilot: {PILOT_STEPS} steps, x the dense steps to the same loss (seeds 0, 1, 2)", pilots),
         (5, f"Which family: TopK+EF 1%'s steps over PowerSGD r4's, measured and read early (seeds "
             f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; median [min, max]; share of one run's / two workers' readings "
-            f"on the measured side of {FAMILY_BOUNDARY:.2f})", lambda: family_readings(a.results)),
+            f"on the measured side of {FAMILY_BOUNDARY:.2f})", lambda: family_readings(a.results, [PILOT_READING, PAIRED_PILOT_READING] if a.pilot_rows else None)),
         (6, "tta's family pilot: its reading h mapped to the step ratio R = h^exponent",
          lambda: pilot_calibration(a.results)),
+        (7, f"When a pilot fork will not halve its loss: how far it had come by steps {CHECKPOINTS} (seeds "
+            f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork run to {pilot.MAX_STEPS} steps or halving)",
+         early_stop_evidence),
     ]
     for number, title, rows in sections:
         if number in want:

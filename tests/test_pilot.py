@@ -53,11 +53,11 @@ def test_the_pilot_leaves_the_model_and_its_gradients_as_they_were():
 
 
 def test_forks_that_never_halve_their_loss_stop_early_count_as_the_cap_and_give_no_reading():
-    """A fork that has come under EARLY_FRACTION of the way to half its loss after EARLY_STEPS stops there (the
+    """A fork that is not far enough on the way to half its loss at an EARLY_STOPS checkpoint stops there (the
     CNNs' 16 steps of pilot for nothing cut to 4) and counts as the cap: a bound, never a fast reading."""
     model, batches, probe = task(2, sparse=False)
     fork = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0)
-    assert (fork.steps, fork.halved, fork.spent) == (float(pilot.MAX_STEPS), False, pilot.EARLY_STEPS)
+    assert (fork.steps, fork.halved, fork.spent) == (float(pilot.MAX_STEPS), False, pilot.EARLY_STOPS[0][0])
     stuck = pilot.run_fork(model, "powersgd", batches, probe, lr=1e-9, momentum=0.0).totals()
     assert pilot.reading([a + b for a, b in zip(fork.totals(), stuck, strict=True)]) is None, "the priors stand"
     assert pilot.reading(fork.totals()) is None, "one family alone (one worker) reads nothing"
@@ -68,6 +68,9 @@ def test_forks_that_never_halve_their_loss_stop_early_count_as_the_cap_and_give_
     assert h == pytest.approx(pilot.MAX_STEPS / halved.steps) and h > 1
     slow = pilot.run_fork(model, "topk", batches, probe, lr=0.01, momentum=0.0, max_steps=6)
     assert not slow.halved and slow.spent == 6 and slow.steps == 6.0, "a fork that moves runs on to its cap"
+    for step, _ in pilot.EARLY_STOPS:  # every checkpoint stops a fork that has not moved, there
+        stuck = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0, early_stops=[(step, 0.2)])
+        assert stuck.spent == step and stuck.steps == float(pilot.MAX_STEPS) and not stuck.halved
     assert pilot.steps_to([4.0, 3.0, 1.0], 2.0) == pytest.approx(1.5)
 
 
@@ -96,3 +99,19 @@ def test_the_pilot_reading_sets_topks_price_against_powersgds_and_with_it_the_fa
 def test_the_calibration_is_a_power_of_the_reading():
     assert pilot.calibrated_ratio(1.0, 2.0) == 1.0
     assert pilot.calibrated_ratio(1.4, 2.0) == pytest.approx(1.96)
+
+
+def test_a_pair_of_workers_forks_on_the_same_batches_and_probe_and_pairs_differ():
+    """Common random numbers: the TopK fork (even rank) and the PowerSGD fork (the odd rank beside it) train on
+    the same batches and read the same probe samples, so their reading compares families, not batches (on
+    their own batches half the seeds of a development run misread set 2's task); another pair has its own."""
+    from netsense.train.data import load_dataset
+    from netsense.train.trainer import pilot_inputs
+
+    data = load_dataset({"dataset": "digits", "seed": 7})
+    inputs = [pilot_inputs(data, 16, rank, 4, seed=7) for rank in range(4)]
+    (b0, p0), (b1, p1), (b2, p2), _ = inputs
+    assert len(b0) == pilot.MAX_STEPS and all(x.shape[0] == 16 for x, _ in b0)
+    assert all(torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(b0, b1, strict=True))
+    assert torch.equal(p0[0], p1[0]) and len(p0[1]) == pilot.PROBE_SAMPLES // 4
+    assert not torch.equal(b0[0][0], b2[0][0]) and not torch.equal(p0[0], p2[0])

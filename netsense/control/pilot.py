@@ -5,10 +5,14 @@ Which compressor family trains faster is the task's own: on the tuning MLP and t
 error feedback needed 1.30-1.40x the steps of PowerSGD at rank 4 to the target, on the MLPs on digits32
 1.75-2.21x (testbed/results/learnability.md, sections 5 and 6). A prior fitted on one task cannot tell them
 apart; the pilot reads it. From the model's initial weights each worker trains a copy of the model alone,
-on its own batches, as SGD with the job's lr and momentum, nothing sent: even ranks with TopK at ``DENSITY``
-and error feedback, odd ranks with PowerSGD at rank ``RANK`` (its own residual), side by side, so the pilot
-takes one fork's time. Each fork runs until its loss on its share of a fixed probe batch first falls to half
-the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks, and the reading is
+as SGD with the job's lr and momentum, nothing sent: even ranks with TopK at ``DENSITY`` and error feedback,
+odd ranks with PowerSGD at rank ``RANK`` (its own residual), side by side, so the pilot takes one fork's
+time. The two ranks of a pair train on the same batches and read the same probe samples (the even rank's:
+common random numbers), so their forks differ by family, not by batches: each fork on its own batches
+misread set 2's MLP32 as a TopK task on 5 of 10 seeds of a development run (dev-power-set2: h 1.04-1.61,
+where the family changes at about 1.2). Each fork runs until its loss on its pair's share of a fixed probe
+batch first falls to half the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks,
+and the reading is
 
     h = (TopK forks' mean steps to half the first loss) / (PowerSGD forks')      (linear between steps)
 
@@ -16,7 +20,7 @@ Half the first loss is a level the loss passes early, while it still falls stead
 a fixed batch's loss on the MLP on digits32 swings by 2x from step to step, so a reading at a fixed step
 count depends on where it stops (16 and 24 steps did not separate the tasks, halving did). Where no fork
 halves its loss within ``MAX_STEPS`` (the CNNs need 20-24 steps) there is no reading and the priors stand;
-such a fork is seen after ``EARLY_STEPS`` steps and stops there. h's scale is compressed (1.22 on the tuning
+such a fork is seen early (``EARLY_STOPS``) and stops there. h's scale is compressed (1.22 on the tuning
 MLP, 1.32-1.34 on the MLPs on digits32), so the controller maps it to the ratio of steps to the target as
 
     R = h ** exponent        (spec familyPilotExponent, fitted on the development tasks: learnability.md)
@@ -43,10 +47,12 @@ from netsense.compression.selection import topk_indices
 DENSITY = 0.01  # TopK's density in the pilot (the operating point of the measured ratios)
 RANK = 4  # PowerSGD's rank in the pilot
 MAX_STEPS = 16  # a fork that has not halved its loss by then stops there
-# A fork that has come less than EARLY_FRACTION of the way to half its loss after EARLY_STEPS steps stops there:
-# on the development tasks the forks that went on to halve within 16 steps had come 9-38% of the way by their
-# fourth step, the CNNs' forks (20-24 steps to halve) 0-3% (learnability.py's tasks, seeds 0-4).
-EARLY_STEPS, EARLY_FRACTION = 4, 0.05
+# (steps, fraction): a fork that has come less than ``fraction`` of the way to half its loss after ``steps`` steps
+# stops there. On the development tasks (learnability.py section 7, seeds 0-9, every fork run on) the forks that
+# went on to halve within 16 steps had come at least 9% of the way by step 4 and 39% by step 8, the others (the
+# CNNs, 20-24 steps to halve) at most 3% and 10%: each cut lies between them with a factor of about 2 either
+# side. Step 2-3 do not separate them (2% against 1%, 5% against 2%).
+EARLY_STOPS: tuple[tuple[int, float], ...] = ((4, 0.05), (8, 0.2))
 PROBE_SAMPLES = 512  # the fixed probe batch over all workers (each reads its share)
 
 
@@ -73,6 +79,11 @@ def reading(totals: Sequence[float]) -> float | None:
     if not topk_forks or not lowrank_forks or not halved:
         return None
     return (topk_steps / topk_forks) / (lowrank_steps / lowrank_forks)
+
+
+def pair_leader(rank: int) -> int:
+    """The rank whose batches and probe samples this rank's fork uses: its pair's even rank."""
+    return rank - rank % 2
 
 
 def fork_family(rank: int) -> str:
@@ -140,18 +151,21 @@ class _ForkedModel:
 
 def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
              probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, seed: int = 0,
-             max_steps: int = MAX_STEPS, losses: list[float] | None = None) -> Fork:
+             max_steps: int = MAX_STEPS, losses: list[float] | None = None,
+             early_stops: Sequence[tuple[int, float]] = EARLY_STOPS) -> Fork:
     """A copy of ``model`` trained by ``family`` on ``batches`` until its loss on ``probe`` first falls to half
-    the loss it started from (at most ``max_steps``)."""
+    the loss it started from (at most ``max_steps``; earlier where ``early_stops`` judges it too slow)."""
     fork = _ForkedModel(model, family, seed)
     curve = [fork.loss(*probe)]
+    stops = dict(early_stops)
     for x, y in batches[:max_steps]:
         fork.step(x, y, lr, momentum)
         curve.append(fork.loss(*probe))
         if curve[-1] <= curve[0] / 2:
             break
-        if len(curve) - 1 == EARLY_STEPS and curve[0] - min(curve) < EARLY_FRACTION * curve[0] / 2:
-            break  # too slow to halve within max_steps: no reading, at a quarter of the cost
+        fraction = stops.get(len(curve) - 1)
+        if fraction is not None and curve[0] - min(curve) < fraction * curve[0] / 2:
+            break  # too slow to halve within max_steps: no reading, for a part of the cost
     if losses is not None:
         losses += curve
     steps = steps_to(curve, curve[0] / 2)

@@ -71,6 +71,21 @@ def wait_for_master(addr: str, port: int, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
+def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
+    """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, augmented as training would)
+    and probe samples (the pair's share of a fixed batch) for ``rank``: both ranks of a pair get the same
+    (pilot.pair_leader), so their forks differ by family alone."""
+    leader = pilot.pair_leader(rank)
+    source = ShardedBatches(data, batch_size, leader, world, seed)
+    # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented).
+    shard = itertools.chain.from_iterable(source.epoch(e) for e in itertools.count())
+    batches = list(itertools.islice(shard, pilot.MAX_STEPS))
+    share = pilot.PROBE_SAMPLES // world
+    fixed = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(seed))
+    probe = fixed[leader * share:(leader + 1) * share]
+    return batches, (data.train_x[probe], data.train_y[probe])
+
+
 @dataclass
 class RunState:
     step: int = 0
@@ -242,16 +257,12 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------
     def family_pilot(self) -> dict:
-        """tta's family pilot (netsense.control.pilot.run) on this rank's first batches of its shard and its
-        share of a fixed probe batch. On the training clock: its time is part of the time to accuracy."""
-        # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented, each moved).
-        shard = itertools.chain.from_iterable(self.batches.epoch(e) for e in itertools.count())
-        batches = [(x.to(self.device), y.to(self.device)) for x, y in itertools.islice(shard, pilot.MAX_STEPS)]
-        share = pilot.PROBE_SAMPLES // self.world
-        fixed = torch.randperm(len(self.data.train_y), generator=torch.Generator().manual_seed(self.t["seed"]))
-        probe = fixed[self.rank * share:(self.rank + 1) * share]
-        out = pilot.run(self.hook.policy, self.model.module, batches,
-                        (self.data.train_x[probe].to(self.device), self.data.train_y[probe].to(self.device)),
+        """tta's family pilot (netsense.control.pilot.run) on the first batches of its pair's shard and the
+        pair's share of a fixed probe batch (both ranks of a pair the same: pilot.pair_leader). On the training
+        clock: its time is part of the time to accuracy."""
+        batches, probe = pilot_inputs(self.data, self.t["batchSize"], self.rank, self.world, self.t["seed"])
+        moved = [(x.to(self.device), y.to(self.device)) for x, y in batches]
+        out = pilot.run(self.hook.policy, self.model.module, moved, (probe[0].to(self.device), probe[1].to(self.device)),
                         self.t["lr"], self.t["momentum"], self.job.compression["familyPilotExponent"],
                         seed=self.t["seed"])
         if self.rank == 0:
