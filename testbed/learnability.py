@@ -59,6 +59,7 @@ from netsense.control import pilot
 from netsense.spec import parse_job
 from netsense.train.data import load_dataset
 from netsense.train.models import build_model
+from netsense.train.trainer import pilot_inputs
 
 # The tuning task and the evaluation sets' tasks, as their grids define them (sets 4 and 5 share one).
 TASKS = {"ci (tuning)": "ci", "eval (set 1)": "eval", "eval2 (set 2)": "eval2", "eval3 (set 3)": "eval3",
@@ -338,18 +339,21 @@ def halving_family_reading(task: Task, seed: int, steps: int = 24) -> float:
 @functools.cache
 def split_pilot_reading(task: Task, seed: int, max_steps: int = pilot.MAX_STEPS, paired: bool = True) -> float | None:
     """tta's pilot as the grid's workers run it (netsense.control.pilot): each rank forks the model and trains
-    its family's fork (TopK on even ranks, PowerSGD on odd) on its pair's batches and probe samples (its own
-    where not ``paired``, as the pilot ran until 2026-12-04); h from the summed forks, None where no fork halved
-    its loss (the priors stand)."""
+    its family's fork (TopK on even ranks, PowerSGD on odd); ``paired``, on exactly the batches and held-out
+    probe samples the trainer gives it (trainer.pilot_inputs: its pair's), else as the pilot ran until
+    2026-12-04 here (its own random batches and share of a fixed batch); h from the summed forks, None where
+    no fork halved its loss (the priors stand)."""
     data, net, fixed = _setup(task, seed)
     share = pilot.PROBE_SAMPLES // task.workers
     totals = [0.0] * 5
     for rank in range(task.workers):
-        source = pilot.pair_leader(rank) if paired else rank
-        batches = _batches(data, task.batch // task.workers, seed * 1000 + source, max_steps)
-        probe = fixed[source * share:(source + 1) * share]
-        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, (data.train_x[probe], data.train_y[probe]),
-                              task.lr, task.momentum, seed, max_steps)
+        if paired:
+            batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
+        else:
+            batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, max_steps)
+            probe = data.train_x[fixed[rank * share:(rank + 1) * share]], data.train_y[fixed[rank * share:(rank + 1) * share]]
+        fork = pilot.run_fork(net, pilot.fork_family(rank), batches[:max_steps], probe, task.lr, task.momentum, seed,
+                              max_steps)
         totals = [a + b for a, b in zip(totals, fork.totals(), strict=True)]
     return pilot.reading(totals)
 
@@ -373,7 +377,7 @@ def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> floa
 PILOT_READING = ("tta's familyPilot: steps to half the first loss, one family a worker, each on its own batches "
                  "(no reading counts as 1)")
 PAIRED_PILOT_READING = ("tta's familyPilot as it runs now: the same, each pair of workers (TopK, PowerSGD) on the "
-                        "same batches and probe samples (no reading counts as 1)")
+                        "same batches of the sampler's shard and held-out probe samples (no reading counts as 1)")
 FAMILY_READINGS = {
     "forked 2 x 8": (lambda t, s: forked_family_reading(t, s, 8), 16),
     "forked 2 x 16": (lambda t, s: forked_family_reading(t, s, 16), 32),
@@ -458,18 +462,16 @@ CHECKPOINTS = (2, 3, 4, 6, 8, 10, 12)
 
 
 def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[float]]]:
-    """Each rank's pilot fork as the workers run it, but never stopped early (16 steps or until it halves):
-    its family, the step it halved at (None: not within 16) and how far it had come toward half its loss
-    (0: not at all, 1: there) after each of CHECKPOINTS steps."""
-    data, net, fixed = _setup(task, seed)
-    share = pilot.PROBE_SAMPLES // task.workers
+    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs), but never stopped early (16 steps
+    or until it halves): its family, the step it halved at (None: not within 16) and how far it had come
+    toward half its loss (0: not at all, 1: there) after each of CHECKPOINTS steps."""
+    data, net, _ = _setup(task, seed)
     out = []
     for rank in range(task.workers):
-        batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, pilot.MAX_STEPS)
-        probe = fixed[rank * share:(rank + 1) * share]
+        batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
         curve: list[float] = []
-        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, (data.train_x[probe], data.train_y[probe]),
-                              task.lr, task.momentum, seed, losses=curve, early_stops=())
+        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
+                              losses=curve, early_stops=())
         way = [min(1.0, (curve[0] - min(curve[:k + 1])) / (curve[0] / 2)) for k in CHECKPOINTS]
         out.append((fork.family, fork.steps if fork.halved else None, way))
     return out

@@ -104,7 +104,8 @@ def test_the_calibration_is_a_power_of_the_reading():
 def test_a_pair_of_workers_forks_on_the_same_batches_and_probe_and_pairs_differ():
     """Common random numbers: the TopK fork (even rank) and the PowerSGD fork (the odd rank beside it) train on
     the same batches and read the same probe samples, so their reading compares families, not batches (on
-    their own batches half the seeds of a development run misread set 2's task); another pair has its own."""
+    their own batches the reading spread twice as wide on set 2's task); another pair has its own. The probe
+    samples are none the forks trained on."""
     from netsense.train.data import load_dataset
     from netsense.train.trainer import pilot_inputs
 
@@ -115,3 +116,7 @@ def test_a_pair_of_workers_forks_on_the_same_batches_and_probe_and_pairs_differ(
     assert all(torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(b0, b1, strict=True))
     assert torch.equal(p0[0], p1[0]) and len(p0[1]) == pilot.PROBE_SAMPLES // 4
     assert not torch.equal(b0[0][0], b2[0][0]) and not torch.equal(p0[0], p2[0])
+    # The probe is held out: no probe sample is in any pair's pilot batches (digits has room for that).
+    trained = torch.cat([x for b, _ in inputs for x, _ in b]).flatten(1)
+    for _, (px, _) in inputs:
+        assert not (torch.cdist(px.flatten(1), trained) == 0).any(), "the forks trained on their probe"

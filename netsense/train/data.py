@@ -159,9 +159,13 @@ class ShardedBatches:
     def __len__(self) -> int:
         return len(self.sampler) // self.batch_size
 
-    def epoch(self, epoch: int):
+    def indices(self, epoch: int) -> torch.Tensor:
+        """The samples of this rank's batches in ``epoch``, in order (a batch: batch_size in a row)."""
         self.sampler.set_epoch(epoch)
-        idx = torch.tensor(list(self.sampler))
+        return torch.tensor(list(self.sampler))[:len(self) * self.batch_size]
+
+    def epoch(self, epoch: int):
+        idx = self.indices(epoch)
         for b in range(len(self)):
             sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
             x, y = self.data.train_x[sel], self.data.train_y[sel]

@@ -74,15 +74,25 @@ def wait_for_master(addr: str, port: int, timeout_s: float) -> None:
 def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
     """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, augmented as training would)
     and probe samples (the pair's share of a fixed batch) for ``rank``: both ranks of a pair get the same
-    (pilot.pair_leader), so their forks differ by family alone."""
+    (pilot.pair_leader), so their forks differ by family alone. The probe is held out from every pair's pilot
+    batches where the training set allows: a probe the forks trained on reads how fast they memorize it (drawn
+    from the sampler's own order, half of it was in the first pair's batches, and the pilot misread set 2's
+    MLP32 on half the seeds of dev-paired-set2)."""
     leader = pilot.pair_leader(rank)
-    source = ShardedBatches(data, batch_size, leader, world, seed)
+    shards = {r: ShardedBatches(data, batch_size, r, world, seed) for r in range(0, world, 2)}
+    need = pilot.MAX_STEPS * batch_size
+    seen = {r: torch.cat([b.indices(e) for e in range(-(-need // max(1, len(b) * batch_size)))])[:need]
+            for r, b in shards.items()}
     # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented).
-    shard = itertools.chain.from_iterable(source.epoch(e) for e in itertools.count())
+    shard = itertools.chain.from_iterable(shards[leader].epoch(e) for e in itertools.count())
     batches = list(itertools.islice(shard, pilot.MAX_STEPS))
     share = pilot.PROBE_SAMPLES // world
-    fixed = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(seed))
-    probe = fixed[leader * share:(leader + 1) * share]
+    # Its own order (not the sampler's: that one is seeded by seed + epoch), samples no pilot batch holds first.
+    order = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(seed * 1_000_003 + 99))
+    used = torch.zeros(len(data.train_y), dtype=torch.bool)
+    used[torch.cat(list(seen.values()))] = True
+    order = torch.cat([order[~used[order]], order[used[order]]])
+    probe = order[leader * share:(leader + 1) * share]
     return batches, (data.train_x[probe], data.train_y[probe])
 
 
