@@ -75,9 +75,8 @@ def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
     """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, augmented as training would)
     and probe samples (the pair's share of a fixed batch) for ``rank``: both ranks of a pair get the same
     (pilot.pair_leader), so their forks differ by family alone. The probe is held out from every pair's pilot
-    batches where the training set allows: a probe the forks trained on reads how fast they memorize it (drawn
-    from the sampler's own order, half of it was in the first pair's batches, and the pilot misread set 2's
-    MLP32 on half the seeds of dev-paired-set2)."""
+    batches where the training set allows: a probe the forks trained on reads how fast they memorize it (it
+    had been drawn from the sampler's own order, so half of the first pair's probe was in its batches)."""
     leader = pilot.pair_leader(rank)
     shards = {r: ShardedBatches(data, batch_size, r, world, seed) for r in range(0, world, 2)}
     need = pilot.MAX_STEPS * batch_size
