@@ -351,9 +351,9 @@ def split_pilot_reading(task: Task, seed: int, max_steps: int = pilot.MAX_STEPS,
             batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
         else:
             batches = _batches(data, task.batch // task.workers, seed * 1000 + rank, max_steps)
-            probe = data.train_x[fixed[rank * share:(rank + 1) * share]], data.train_y[fixed[rank * share:(rank + 1) * share]]
-        fork = pilot.run_fork(net, pilot.fork_family(rank), batches[:max_steps], probe, task.lr, task.momentum, seed,
-                              max_steps)
+            mine = fixed[rank * share:(rank + 1) * share]
+            probe = data.train_x[mine], data.train_y[mine]
+        fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed, max_steps)
         totals = [a + b for a, b in zip(totals, fork.totals(), strict=True)]
     return pilot.reading(totals)
 
@@ -515,7 +515,8 @@ def main() -> None:
         (4, f"A short pilot: {PILOT_STEPS} steps, x the dense steps to the same loss (seeds 0, 1, 2)", pilots),
         (5, f"Which family: TopK+EF 1%'s steps over PowerSGD r4's, measured and read early (seeds "
             f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; median [min, max]; share of one run's / two workers' readings "
-            f"on the measured side of {FAMILY_BOUNDARY:.2f})", lambda: family_readings(a.results, [PILOT_READING, PAIRED_PILOT_READING] if a.pilot_rows else None)),
+            f"on the measured side of {FAMILY_BOUNDARY:.2f})",
+         lambda: family_readings(a.results, [PILOT_READING, PAIRED_PILOT_READING] if a.pilot_rows else None)),
         (6, "tta's family pilot: its reading h mapped to the step ratio R = h^exponent",
          lambda: pilot_calibration(a.results)),
         (7, f"When a pilot fork will not halve its loss: how far it had come by steps {CHECKPOINTS} (seeds "

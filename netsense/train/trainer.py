@@ -80,7 +80,8 @@ def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
     leader = pilot.pair_leader(rank)
     shards = {r: ShardedBatches(data, batch_size, r, world, seed) for r in range(0, world, 2)}
     need = pilot.MAX_STEPS * batch_size
-    seen = {r: torch.cat([b.indices(e) for e in range(-(-need // max(1, len(b) * batch_size)))])[:need]
+    # Every pair's pilot samples: its shard's first ``need``, over as many epochs as that takes.
+    seen = {r: torch.cat([b.indices(e) for e in range(math.ceil(need / (len(b) * batch_size)))])[:need]
             for r, b in shards.items()}
     # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented).
     shard = itertools.chain.from_iterable(shards[leader].epoch(e) for e in itertools.count())
