@@ -104,6 +104,29 @@ def test_a_drop_from_200_to_20_mbit_is_sensed_within_3_steps(payload):
     assert e.bandwidth >= 0.8 * slow.rate
 
 
+def test_a_drop_the_small_steps_cannot_see_is_sensed_by_one_probe():
+    """Where the collectives' fixed part is long (two workers on two cores: 20-30 ms), PowerSGD's 86 kB steps
+    take 43-53 ms at 30 Mbit/s, never twice the 23-33 ms predicted at 250: no small step can lower the estimate.
+    The first probe must (set 2's step-wise link kept 78-276 Mbit/s through its 30 Mbit/s phase in 4 runs of 38,
+    each probe sized from that estimate and dropped as one slow step)."""
+    e = LinkEstimator()
+    fast, slow = SimulatedLink(250, fixed=0.02, skew=0.01), SimulatedLink(30, fixed=0.02, skew=0.01, seed=1)
+    e.observe(4.4e6, fast.busy(4.4e6))
+    for _ in range(5):
+        probe = e.probe_bytes
+        e.observe(probe, fast.busy(probe))
+        for _ in range(8):
+            e.observe(86e3, fast.busy(86e3))
+    assert e.bandwidth == pytest.approx(fast.rate, rel=0.25)
+    for _ in range(20):
+        e.observe(86e3, slow.busy(86e3))
+    assert e.bandwidth > 0.8 * fast.rate  # the limitation: app-limited steps say nothing of the drop
+    probe = e.probe_bytes
+    e.observe(probe, slow.busy(probe))
+    assert e.last_sample == "drop"
+    assert e.bandwidth == pytest.approx(slow.rate, rel=0.25), f"{e.bandwidth / MBIT:.0f} Mbit after the probe"
+
+
 def test_a_rise_from_20_to_200_mbit_is_sensed_within_10_steps():
     """With payloads sized to the estimate, as a controller sizes them (tta: as its square root)."""
     e = LinkEstimator()

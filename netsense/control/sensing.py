@@ -30,7 +30,14 @@ the estimate, never lower it. Here (``LinkEstimator``):
 - a drop must not wait for the filter to age: ``drop_after`` steps running
   whose busy time is over twice what the model predicts (L + D/B), app-limited
   or not, replace the estimate with the rate they imply, D / (t - L). One slow
-  step (a rank held up) does not;
+  app-limited step (a rank held up) does not; one slow *measuring* step does.
+  Small steps see a drop only while L is shorter than their transfer at the new
+  rate: where L had grown (two workers on two cores: 20-30 ms) 86 kB steps took
+  30-40 ms at 30 Mbit/s, never twice the 25 ms predicted at 250, and L's median
+  took the transfer in. Only a probe could tell, and one probe was not enough:
+  on set 2's step-wise link 4 runs in 38 kept 78-276 Mbit/s through the 30 Mbit/s
+  phase, their probes sized from that (up to a dense step, 1.05 s) and each
+  dropped as one slow step (testbed/EVALUATION.md);
 - capacity freed after a drop shows as soon as a measuring sample reads higher;
   a controller whose payloads are all app-limited must probe with larger ones,
   ``probe_bytes`` (tta does).
@@ -134,7 +141,9 @@ class LinkEstimator:
         if known and t > 2 * (fixed + d / b):
             self.slow.append(d / max(t - fixed, t / 2))
             self.last_sample = "slow"
-            if len(self.slow) >= self.drop_after:
+            # A measuring payload twice as slow as predicted is the drop itself, not a rank held up: it is a
+            # probe's, sent because the small steps cannot lower the estimate, and the next one is steps away.
+            if len(self.slow) >= self.drop_after or d / b >= self.fill * fixed:
                 self.btlbw.clear()
                 self.btlbw.add(max(self.slow))
                 self.steps.clear()
