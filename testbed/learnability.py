@@ -469,10 +469,11 @@ def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[f
     out = []
     for rank in range(task.workers):
         batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
-        curve: list[float] = []
+        curve: dict[int, float] = {}
         fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
                               losses=curve, early_stops=())
-        way = [min(1.0, (curve[0] - min(curve[:k + 1])) / (curve[0] / 2)) for k in CHECKPOINTS]
+        # At a checkpoint the pilot reads the loss there (not the least since: it skips the steps between).
+        way = [min(1.0, (curve[0] - curve[k]) / (curve[0] / 2)) if k in curve else 1.0 for k in CHECKPOINTS]
         out.append((fork.family, fork.steps if fork.halved else None, way))
     return out
 

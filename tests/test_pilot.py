@@ -74,6 +74,29 @@ def test_forks_that_never_halve_their_loss_stop_early_count_as_the_cap_and_give_
     assert pilot.steps_to([4.0, 3.0, 1.0], 2.0) == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize("family, lr", [("topk", 0.005), ("topk", 0.02), ("topk", 0.2), ("powersgd", 0.005),
+                                        ("powersgd", 0.01), ("powersgd", 0.5)])
+def test_reading_the_probe_only_at_the_stops_finds_the_same_step_as_reading_it_every_step(family, lr):
+    """Until the last early stop the probe is read at the stops only, and the steps between where the loss has
+    halved by the next: the fork reads as if every step were read (here halving at 0.5-14.5 steps: before, between
+    and after the stops), for at most one read more (the stop past the crossing)."""
+    model, batches, probe = task(2, sparse=False)
+    every: dict[int, float] = {}
+    full = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=(), losses=every)
+    stops = [(4, 0.0), (8, 0.0)]  # stops that never stop a fork: only the reading differs
+    seen: dict[int, float] = {}
+    lazy = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=stops, losses=seen)
+    assert full.halved and (lazy.steps, lazy.halved) == (full.steps, full.halved)
+    assert all(every[step] == pytest.approx(loss) for step, loss in seen.items() if step in every)
+    assert lazy.reads <= full.reads + 1
+
+
+def test_a_fork_stopped_at_the_first_stop_reads_the_probe_twice():
+    model, batches, probe = task(2, sparse=False)
+    fork = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0)
+    assert (fork.spent, fork.reads) == (pilot.EARLY_STOPS[0][0], 2)
+
+
 def test_the_pilot_reading_sets_topks_price_against_powersgds_and_with_it_the_family():
     """read_family_pilot(R): TopK at the pilot's density costs R x PowerSGD at its rank in steps, whatever the
     step law; TopK's density is unchanged. A 1000 x 1000 matrix at 50 Mbit/s and 0.2 s of compute: with the

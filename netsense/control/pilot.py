@@ -48,11 +48,11 @@ from netsense.compression.selection import topk_indices
 DENSITY = 0.01  # TopK's density in the pilot (the operating point of the measured ratios)
 RANK = 4  # PowerSGD's rank in the pilot
 MAX_STEPS = 16  # a fork that has not halved its loss by then stops there
-# (steps, fraction): a fork that has come less than ``fraction`` of the way to half its loss after ``steps`` steps
-# stops there. On the development tasks (learnability.py section 7, seeds 0-9, every fork run on, on the trainer's
-# own inputs) the forks that went on to halve within 16 steps had come at least 5% of the way by step 4 and 33%
-# by step 8, the CNNs' (20-24 steps to halve) at most 3% and 10%: each cut lies between them. Steps 2-3 do not
-# separate them (2% against 1%, 4% against 2%).
+# (steps, fraction): a fork whose loss after ``steps`` steps has come less than ``fraction`` of the way to half the
+# first loss stops there. On the development tasks (learnability.py section 7, seeds 0-9, every fork run on, on the
+# trainer's own inputs) the forks that went on to halve within 16 steps had come at least 5% of the way at step 4
+# and 33% at step 8, the CNNs' (20-24 steps to halve) at most 3% and 10%: each cut lies between them. Steps 2-3 do
+# not separate them (2% against 1%, 4% against 2%).
 EARLY_STOPS: tuple[tuple[int, float], ...] = ((4, 0.04), (8, 0.2))
 PROBE_SAMPLES = 512  # the fixed probe batch over all workers (each reads its share)
 
@@ -65,6 +65,7 @@ class Fork:
     steps: float
     halved: bool
     spent: int  # compute steps taken
+    reads: int  # probe losses read (each a forward pass of the probe batch)
 
     def totals(self) -> list[float]:
         """This fork's share of the sums the workers add up (see reading)."""
@@ -121,10 +122,19 @@ class _ForkedModel:
         self.generator = torch.Generator().manual_seed(seed)  # TopK's sampled threshold (the exact k largest)
         self.pieces = LowRank.pieces(self.flat, self.views, self.params, RANK) if family == "powersgd" else []
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        # In training mode, as the readings the exponent was fitted on (a fork's statistics are thrown away).
+    def loss(self, x: torch.Tensor, y: torch.Tensor, weights: list[torch.Tensor] | None = None) -> float:
+        """The probe's loss at the fork's weights now, or at ``weights`` (an earlier step's). In training mode,
+        as the readings the exponent was fitted on: a batch norm normalizes by the probe's own statistics, so
+        its running statistics (which a read updates) never change a loss, and reads in any order agree."""
         with torch.no_grad():
-            return F.cross_entropy(self.net(x), y).item()
+            if weights is None:
+                return F.cross_entropy(self.net(x), y).item()
+            named = dict(zip((n for n, p in self.net.named_parameters() if p.requires_grad), weights, strict=True))
+            return F.cross_entropy(torch.func.functional_call(self.net, named, (x,)), y).item()
+
+    def weights(self) -> list[torch.Tensor]:
+        """A copy of the trained parameters (to read this step's probe loss later)."""
+        return [p.detach().clone() for p in self.params]
 
     def compress(self, grad: torch.Tensor) -> torch.Tensor:
         x = grad + self.residual
@@ -152,27 +162,48 @@ class _ForkedModel:
 
 def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
              probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, seed: int = 0,
-             max_steps: int = MAX_STEPS, losses: list[float] | None = None,
+             max_steps: int = MAX_STEPS, losses: dict[int, float] | None = None,
              early_stops: Sequence[tuple[int, float]] = EARLY_STOPS) -> Fork:
     """A copy of ``model`` trained by ``family`` on ``batches`` until its loss on ``probe`` first falls to half
-    the loss it started from (at most ``max_steps``; earlier where ``early_stops`` judges it too slow)."""
+    the loss it started from (at most ``max_steps``; earlier where ``early_stops`` judges it too slow).
+
+    Up to the last early stop the probe is read at the stops only; the steps between keep their weights and are
+    read only where the loss has halved by the next stop, to find the first step below half. So a fork that
+    halves reads as if every step were read, and one stopped at the first stop reads the probe twice, not five
+    times (the probe's forward passes were half of the pilot's 0.45-0.58 s on set 4's CNN). ``losses`` (where
+    given) gets every probe loss read, by step."""
     fork = _ForkedModel(model, family, seed)
-    curve = [fork.loss(*probe)]
+    read = {0: fork.loss(*probe)}
+    half = read[0] / 2
     stops = dict(early_stops)
-    for x, y in batches[:max_steps]:
+    last_stop = max(stops, default=0)
+    unread: list[tuple[int, list[torch.Tensor]]] = []  # (step, weights) not read yet, since the last read
+    spent, crossed = 0, None
+    for step, (x, y) in enumerate(batches[:max_steps], 1):
         fork.step(x, y, lr, momentum)
-        curve.append(fork.loss(*probe))
-        if curve[-1] <= curve[0] / 2:
+        spent = step
+        if step < last_stop and step not in stops:
+            unread.append((step, fork.weights()))
+            continue
+        read[step] = fork.loss(*probe)
+        if read[step] <= half:
+            for earlier, weights in unread:  # the first step below half may be one not read yet
+                read[earlier] = fork.loss(*probe, weights=weights)
+                if read[earlier] <= half:
+                    crossed = earlier
+                    break
+            crossed = crossed or step
             break
-        fraction = stops.get(len(curve) - 1)
-        if fraction is not None and curve[0] - min(curve) < fraction * curve[0] / 2:
+        unread.clear()
+        fraction = stops.get(step)
+        if fraction is not None and read[0] - read[step] < fraction * half:
             break  # too slow to halve within max_steps: no reading, for a part of the cost
     if losses is not None:
-        losses += curve
-    steps = steps_to(curve, curve[0] / 2)
-    if steps is None:  # not halved: at least the cap (a fork stopped early was judged unable to halve by then)
-        return Fork(family, float(min(max_steps, len(batches))), False, len(curve) - 1)
-    return Fork(family, steps, True, len(curve) - 1)
+        losses.update(read)
+    if crossed is None:  # not halved: at least the cap (a fork stopped early was judged unable to halve by then)
+        return Fork(family, float(min(max_steps, len(batches))), False, spent, len(read))
+    steps = steps_to([read[crossed - 1], read[crossed]], half)
+    return Fork(family, crossed - 1 + steps, True, spent, len(read))
 
 
 def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -193,7 +224,7 @@ def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, to
         policy.read_family_pilot(ratio, DENSITY, RANK)
         out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
                "topk_scale": round(policy.topk_scale, 4)}
-    return {**out, "steps": fork.spent, "seconds": round(time.perf_counter() - start, 3)}
+    return {**out, "steps": fork.spent, "probe_reads": fork.reads, "seconds": round(time.perf_counter() - start, 3)}
 
 
 def calibrated_ratio(reading: float, exponent: float) -> float:
