@@ -26,7 +26,7 @@ import math
 import os
 import statistics
 
-from netsense.bench.stats import paired_ratio
+from netsense.bench.stats import paired_ratio, seed_ratios, seeds_for
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 FAMILIES = {"topk-": "fixed TopK", "powersgd-": "PowerSGD", "netsense": "netsense (paper)", "dc2": "dc2",
@@ -126,6 +126,10 @@ def bar_lines(by: dict[str, dict], ours: str) -> list[str]:
         ratio = mean_tta(mine) / others[fastest]
         out.append(f"bar: {ours}'s mean TTA / the fastest other method's ({fastest}, {others[fastest]:.2f} s) = "
                    f"{ratio:.2f}: " + ("within 1.1x" if ratio <= 1.1 else "NOT within 1.1x"))
+        needed = seeds_for(seed_ratios(times(mine), times(by[fastest])))
+        if needed is not None:
+            out.append(f"seeds: at this spread of per-seed ratios, about {needed} paired seeds would narrow the 95% "
+                       f"interval against {fastest} to +-10%")
     elif others:
         out.append(f"bar: {ours} did not reach the target on every seed: NOT within 1.1x")
     after = mine.get("after_epochs") or {}

@@ -601,6 +601,22 @@ def test_intervals_are_t_intervals_on_log_ratios_from_five_pairs_and_many_compar
     assert holm([0.001, 0.02, 0.03]) == [True, True, True]
 
 
+def test_seeds_for_is_the_fewest_pairs_whose_t_interval_is_within_the_precision():
+    """Set 2's candidate against PowerSGD rank 4: per-seed ratios 0.76-3.13 over 10 seeds (log sd ~0.4) need
+    dozens of seeds for +-10%; a steady ratio needs the minimum."""
+    from scipy import stats as st
+
+    from netsense.bench.stats import seeds_for
+
+    ratios = [1.25, 1.67, 0.76, 1.18, 1.47, 2.49, 1.16, 2.31, 1.98, 3.13]
+    n = seeds_for(ratios)
+    sd = statistics.stdev(math.log(r) for r in ratios)
+    half = lambda k: st.t.ppf(0.975, k - 1) * sd / math.sqrt(k)  # noqa: E731
+    assert half(n) <= math.log(1.1) < half(n - 1) and n > 40
+    assert seeds_for([1.0, 1.01, 0.99, 1.0, 1.005]) == 5
+    assert seeds_for(ratios[:4]) is None
+
+
 def test_the_table_marks_the_hindsight_best_fixed_density():
     from netsense.bench.report import markdown
 

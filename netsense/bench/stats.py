@@ -178,6 +178,21 @@ def t_interval(ratios: list[float], level: float = 0.95) -> tuple[float | None, 
     return math.exp(mean - q * se), math.exp(mean + q * se), p
 
 
+def seeds_for(ratios: list[float], relative: float = 0.10, level: float = 0.95) -> int | None:
+    """How many paired seeds would give the geometric mean of ratios like these a ``level`` t interval of
+    +-``relative`` (on the log scale: half-width log(1 + relative)), at their sample spread; None below
+    MIN_PAIRS_FOR_INTERVAL (no spread worth the name). How many seeds a grid must register to resolve a bar."""
+    if len(ratios) < MIN_PAIRS_FOR_INTERVAL:
+        return None
+    from scipy import stats as st
+
+    sd, target = statistics.stdev(math.log(r) for r in ratios), math.log(1 + relative)
+    n = MIN_PAIRS_FOR_INTERVAL
+    while float(st.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n) > target:
+        n += 1
+    return n
+
+
 def holm(p_values: list[float | None]) -> list[bool | None]:
     """Holm's step-down correction at 5%: which of the comparisons stay significant when all of them are
     counted (None where there is no p)."""
@@ -229,14 +244,15 @@ def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
     """(geometric mean, 95% t interval low and high (None below 5 pairs), pairs) of mine / theirs over the
     seeds both have a time for; (None, None, None, 0) without one. A seed either did not reach (None) is left
     out."""
-    ratios = _ratios(mine, theirs)
+    ratios = seed_ratios(mine, theirs)
     if not ratios:
         return None, None, None, 0
     lo, hi, _ = t_interval(ratios)
     return _gmean(ratios), lo, hi, len(ratios)
 
 
-def _ratios(mine: dict[int, float | None], theirs: dict[int, float | None]) -> list[float]:
+def seed_ratios(mine: dict[int, float | None], theirs: dict[int, float | None]) -> list[float]:
+    """mine / theirs on every seed both reached the target on (seed -> TTA, None: not reached)."""
     return [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys())
             if mine[s] is not None and theirs[s] is not None and mine[s] > 0 < theirs[s]]
 
@@ -285,7 +301,7 @@ def sensitivity(results: list[dict], grid: dict) -> list[dict]:
             rows.append({
                 "scenario": scenario, "method": method, "constant": constant, "value": value, "variant": variant,
                 "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "pairs": pairs,
-                "p": t_interval(_ratios(mine, base))[2],
+                "p": t_interval(seed_ratios(mine, base))[2],
                 "reached": f"{sum(1 for t in mine.values() if t)}/{len(mine)}",
                 "method_reached": f"{sum(1 for t in base.values() if t)}/{len(base)}",
                 "tta_mean_s": _mean([t for t in mine.values() if t]),
