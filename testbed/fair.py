@@ -90,7 +90,9 @@ def comparisons(rows: list[dict], ours: str) -> list[str]:
     """Ours against the sweep (does it bracket ours, and the hindsight-best member) and every other family."""
     by = {r["method"]: r for r in rows}
     mine, out = by[ours], []
-    sweep = {m: r for m, r in by.items() if family(m) == "fixed TopK"}
+    # Ours and its own variants are never their own peers (ours may be a fixed method: dev-frontload-*).
+    peers = {m: r for m, r in by.items() if m != ours and not m.startswith(f"{ours}-")}
+    sweep = {m: r for m, r in peers.items() if family(m) == "fixed TopK"}
     if sweep:
         densities = [statistics.fmean(d) for r in sweep.values() if (d := seeds_of(r, "mean_density"))]
         chose = seeds_of(mine, "mean_density")
@@ -103,8 +105,8 @@ def comparisons(rows: list[dict], ours: str) -> list[str]:
             best = min(timed, key=timed.get)
             out.append(f"{ours} / hindsight-best fixed TopK ({best}, {timed[best]:.2f} s): "
                        + ratio_text(times(mine), times(sweep[best])))
-    for fam in dict.fromkeys(f for m in by if (f := family(m)) and f != "fixed TopK"):
-        members = {m: t for m, r in by.items() if family(m) == fam and (t := mean_tta(r)) is not None}
+    for fam in dict.fromkeys(f for m in peers if (f := family(m)) and f != "fixed TopK"):
+        members = {m: t for m, r in peers.items() if family(m) == fam and (t := mean_tta(r)) is not None}
         if members:
             best = min(members, key=members.get)
             out.append(f"{ours} / best {fam} ({best}): " + ratio_text(times(mine), times(by[best])))
@@ -120,7 +122,8 @@ def bar_lines(by: dict[str, dict], ours: str) -> list[str]:
     its accuracy after the grid's equal epochs within 0.5 points of the fastest fixed method's (TopK or
     PowerSGD)."""
     out, mine = [], by[ours]
-    others = {m: t for m, r in by.items() if family(m) and (t := mean_tta(r)) is not None}
+    others = {m: t for m, r in by.items() if family(m) and m != ours and not m.startswith(f"{ours}-")
+              and (t := mean_tta(r)) is not None}
     if others and mean_tta(mine) is not None:
         fastest = min(others, key=others.get)
         ratio = mean_tta(mine) / others[fastest]
