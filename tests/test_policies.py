@@ -107,8 +107,8 @@ def test_a_drop_from_200_to_20_mbit_is_sensed_within_3_steps(payload):
 def test_a_drop_the_small_steps_cannot_see_is_sensed_by_one_probe():
     """Where the collectives' fixed part is long (two workers on two cores: 20-30 ms), PowerSGD's 86 kB steps
     take 43-53 ms at 30 Mbit/s, never twice the 23-33 ms predicted at 250: no small step can lower the estimate.
-    The first probe must (set 2's step-wise link kept 78-276 Mbit/s through its 30 Mbit/s phase in 4 runs of 38,
-    each probe sized from that estimate and dropped as one slow step)."""
+    The first probe must (on set 2's step-wise link two runs of nine kept 78 and 249 Mbit/s through its 30 Mbit/s
+    phase, each probe sized from that estimate and dropped as one slow step)."""
     e = LinkEstimator()
     fast, slow = SimulatedLink(250, fixed=0.02, skew=0.01), SimulatedLink(30, fixed=0.02, skew=0.01, seed=1)
     e.observe(4.4e6, fast.busy(4.4e6))

@@ -192,7 +192,8 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
                 if read[earlier] <= half:
                     crossed = earlier
                     break
-            crossed = crossed or step
+            if crossed is None:
+                crossed = step
             break
         unread.clear()
         fraction = stops.get(step)

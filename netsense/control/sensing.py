@@ -35,9 +35,9 @@ the estimate, never lower it. Here (``LinkEstimator``):
   rate: where L had grown (two workers on two cores: 20-30 ms) 86 kB steps took
   30-40 ms at 30 Mbit/s, never twice the 25 ms predicted at 250, and L's median
   took the transfer in. Only a probe could tell, and one probe was not enough:
-  on set 2's step-wise link 4 runs in 38 kept 78-276 Mbit/s through the 30 Mbit/s
-  phase, their probes sized from that (up to a dense step, 1.05 s) and each
-  dropped as one slow step (testbed/EVALUATION.md);
+  on set 2's step-wise link two runs of nine (dev-pilot-final-set2) kept 78 and
+  249 Mbit/s through the 30 Mbit/s phase, their probes sized from that (up to a
+  dense step, 1.05 s) and each dropped as one slow step (testbed/EVALUATION.md);
 - capacity freed after a drop shows as soon as a measuring sample reads higher;
   a controller whose payloads are all app-limited must probe with larger ones,
   ``probe_bytes`` (tta does).
