@@ -377,7 +377,8 @@ def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> floa
 PILOT_READING = ("tta's familyPilot: steps to half the first loss, one family a worker, each on its own batches "
                  "(no reading counts as 1)")
 PAIRED_PILOT_READING = ("tta's familyPilot as it runs now: the same, each pair of workers (TopK, PowerSGD) on the "
-                        "same batches of the sampler's shard and held-out probe samples (no reading counts as 1)")
+                        "same batches of the sampler's shard, each the job's whole batch, and held-out probe samples "
+                        "(no reading counts as 1)")
 FAMILY_READINGS = {
     "forked 2 x 8": (lambda t, s: forked_family_reading(t, s, 8), 16),
     "forked 2 x 16": (lambda t, s: forked_family_reading(t, s, 16), 32),

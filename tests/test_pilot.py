@@ -133,12 +133,15 @@ def test_a_pair_of_workers_forks_on_the_same_batches_and_probe_and_pairs_differ(
     from netsense.train.trainer import pilot_inputs
 
     data = load_dataset({"dataset": "digits", "seed": 7})
-    inputs = [pilot_inputs(data, 16, rank, 4, seed=7) for rank in range(4)]
+    # 4 workers of 4 samples: 16 steps of 16 for each pair leave digits room for a held-out probe.
+    inputs = [pilot_inputs(data, 4, rank, 4, seed=7) for rank in range(4)]
     (b0, p0), (b1, p1), (b2, p2), _ = inputs
-    assert len(b0) == pilot.MAX_STEPS and all(x.shape[0] == 16 for x, _ in b0)
+    assert len(b0) == pilot.MAX_STEPS and all(x.shape[0] == 4 * 4 for x, _ in b0), "a step: the job's whole batch"
     assert all(torch.equal(x0, x1) and torch.equal(y0, y1) for (x0, y0), (x1, y1) in zip(b0, b1, strict=True))
     assert torch.equal(p0[0], p1[0]) and len(p0[1]) == pilot.PROBE_SAMPLES // 4
     assert not torch.equal(b0[0][0], b2[0][0]) and not torch.equal(p0[0], p2[0])
+    big, _ = pilot_inputs(data, 128, 0, 8, seed=7)  # 8 workers' 128 each: more than a rank's shard of digits
+    assert len(big) == pilot.MAX_STEPS and 0 < big[0][0].shape[0] < 128 * 8, "a step of at most a shard"
     # The probe is held out: no probe sample is in any pair's pilot batches (digits has room for that).
     trained = torch.cat([x for b, _ in inputs for x, _ in b]).flatten(1)
     for _, (px, _) in inputs:

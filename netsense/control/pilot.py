@@ -10,8 +10,10 @@ odd ranks with PowerSGD at rank ``RANK`` (its own residual), side by side, so th
 time. The two ranks of a pair train on the same batches and read the same probe samples (the even rank's:
 common random numbers), so their forks differ by family, not by batches: on set 2's MLP32 (30 seeds, the
 trainer's inputs; testbed/EVALUATION.md) that narrowed h's 10-90% range from 1.07-1.49 to 1.19-1.43, and
-the seeds read under 1.2 (where tta keeps TopK) from 7 to 4 of 30. The probe samples are held out from the
-forks' batches. Each fork runs until its loss on its pair's share of a fixed probe batch first falls to half
+the seeds read under 1.2 (where tta keeps TopK) from 7 to 4 of 30. Each fork step takes the job's whole
+batch (every worker's samples, as a dense DDP step averages), not one worker's: that narrowed it again to
+1.33-1.46, none under 1.2, for 9% more time a fork (learnability.md, section 5). The probe samples are held
+out from the forks' batches. Each fork runs until its loss on its pair's share of a fixed probe batch first falls to half
 the loss it started from, at most ``MAX_STEPS``; one all_reduce sums the forks, and the reading is
 
     h = (TopK forks' mean steps to half the first loss) / (PowerSGD forks')      (linear between steps)
@@ -20,8 +22,8 @@ Half the first loss is a level the loss passes early, while it still falls stead
 a fixed batch's loss on the MLP on digits32 swings by 2x from step to step, so a reading at a fixed step
 count depends on where it stops (16 and 24 steps did not separate the tasks, halving did). Where no fork
 halves its loss within ``MAX_STEPS`` (the CNNs need 20-24 steps) there is no reading and the priors stand;
-such a fork is seen early (``EARLY_STOPS``) and stops there. h's scale is compressed (medians 1.23 on the
-tuning MLP, 1.30-1.34 on the MLPs on digits32), so the controller maps it to the ratio of steps to the
+such a fork is seen early (``EARLY_STOPS``) and stops there. h's scale is compressed (medians 1.21 on the
+tuning MLP, 1.34-1.40 on the MLPs on digits32), so the controller maps it to the ratio of steps to the
 target as
 
     R = h ** exponent        (spec familyPilotExponent, fitted on the development tasks: learnability.md)

@@ -72,16 +72,21 @@ def wait_for_master(addr: str, port: int, timeout_s: float) -> None:
 
 
 def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
-    """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, augmented as training would)
+    """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, each of the job's whole batch,
+    ``batch_size`` x ``world`` samples, augmented as training would)
     and probe samples (the pair's share of a fixed batch) for ``rank``: both ranks of a pair get the same
     (pilot.pair_leader), so their forks differ by family alone. The probe is held out from every pair's pilot
     batches where the training set allows: a probe the forks trained on reads how fast they memorize it (it
     had been drawn from the sampler's own order, so half of the first pair's probe was in its batches)."""
     leader = pilot.pair_leader(rank)
-    shards = {r: ShardedBatches(data, batch_size, r, world, seed) for r in range(0, world, 2)}
-    need = pilot.MAX_STEPS * batch_size
+    # A fork's step takes the job's whole batch (every worker's samples, as one dense DDP step averages), from its
+    # pair's shard: with one worker's batch its trajectory was twice as noisy as training's, and so was h.
+    # (At most a shard: a small training set split over many workers holds fewer samples a rank than that.)
+    size = min(batch_size * world, len(ShardedBatches(data, 1, leader, world, seed)))
+    shards = {r: ShardedBatches(data, size, r, world, seed) for r in range(0, world, 2)}
+    need = pilot.MAX_STEPS * size
     # Every pair's pilot samples: its shard's first ``need``, over as many epochs as that takes.
-    seen = {r: torch.cat([b.indices(e) for e in range(math.ceil(need / (len(b) * batch_size)))])[:need]
+    seen = {r: torch.cat([b.indices(e) for e in range(math.ceil(need / (len(b) * size)))])[:need]
             for r, b in shards.items()}
     # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented).
     shard = itertools.chain.from_iterable(shards[leader].epoch(e) for e in itertools.count())
