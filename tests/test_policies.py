@@ -660,26 +660,3 @@ def test_a_probe_while_powersgd_is_chosen_is_a_padded_powersgd_step():
     wire = own + dense_allreduce_bytes(probe.pad * n, world)
     assert wire == pytest.approx(max(2 * own, c.sensor.probe_bytes), rel=1e-6)
     assert wire <= dense_allreduce_bytes(n, world, fp16=True)
-
-
-def test_powersgds_compute_is_its_own_and_does_not_leave_its_price_while_topk_runs():
-    """A PowerSGD step's work inside the backward pass reads as compute (set 2's MLP: 20 ms a PowerSGD step, 11
-    ms a TopK step of the same runs). It is PowerSGD's price, measured on its steps: C (TopK's, dense's) does not
-    carry it, and a stretch of TopK steps does not make PowerSGD look cheaper (it had kept tta on TopK for
-    tens of steps)."""
-    n, world, bw = 1_000_000, 2, 500e6 / 8
-    c = tta(n, world, probe_every=1000, low_ranks={4: ([(1000, 1000)], 0)})
-
-    def step(compute: float, rank: int) -> None:
-        c.last = Decision(dense=False, rank=rank) if rank else Decision(density=0.01, fp16=True, dense=False)
-        c.update(StepMeasurement(2e5, 2e5, 2e5 / bw + 0.002, compute, 1.0, selection_seconds=0.003))
-
-    step(0.011, 0)
-    assert c.lowrank_compute is None  # PowerSGD not yet run: one collective's fixed time stands in
-    for _ in range(20):
-        step(0.020, 4)
-    assert c.compute_s == pytest.approx(0.011) and c.lowrank_compute == pytest.approx(0.009, rel=0.05)
-    price = c.predicted_cost(Decision(dense=False, rank=4))
-    for _ in range(20):
-        step(0.011, 0)
-    assert c.predicted_cost(Decision(dense=False, rank=4)) == pytest.approx(price, rel=0.01)

@@ -340,12 +340,9 @@ class TimeToAccuracyController(Policy):
         T_r = C + a * r + bytes_r / B + L      steps: (1 + lowrank_knee / r) x the dense steps
 
     bytes_r the two all_reduces of its P's (with the parameters sent whole) and Q's (lowrank_allreduce_bytes,
-    fp32), L what its steps' compute takes over C (its work inside the backward pass, and the first all_reduce,
-    waited for there), measured on its own steps and kept apart from C (on set 2's MLP 20 ms of compute a
-    PowerSGD step against 11 ms a TopK step: read as one C it made PowerSGD look cheap while TopK ran, and tta
-    stayed on TopK for tens of steps), one collective's fixed time (LinkEstimator.fixed) until measured, a
-    PowerSGD's own seconds per unit of rank (its matrix products grow with r), measured on its own steps and 0
-    until two have run: the first low-rank steps are tried on the optimistic price and
+    fp32), L one more collective's fixed time (LinkEstimator.fixed: the first all_reduce is waited for inside
+    the backward pass), a PowerSGD's own seconds per unit of rank (its matrix products grow with r), measured
+    on its own steps and 0 until two have run: the first low-rank steps are tried on the optimistic price and
     then priced as measured (a family's first compressed step pays one-time costs and is not priced, as
     TopK's first selection is not). The step prior is one constant per family, fitted on the tuning task only
     (spec: lowRankKnee; testbed/EVALUATION.md says on which runs), as kneeDensity is for TopK. PowerSGD and
@@ -429,7 +426,6 @@ class TimeToAccuracyController(Policy):
         self.lowrank_knee = lowrank_knee
         self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
         self.lowrank_per_rank = 0.0  # PowerSGD's own seconds a step per unit of rank, measured (0: not yet)
-        self.lowrank_compute: float | None = None  # its steps' compute over C's (seconds), measured (None: not yet)
         # A family's first compressed step pays one-time costs (CUDA loading its kernels, workspaces allocated):
         # on an H200 the first TopK selection took 0.13-0.24 s against ~5 ms after, and priced as every
         # step's cost it kept tta dense for a whole run (no later sparse step could correct it). Not priced.
@@ -465,22 +461,14 @@ class TimeToAccuracyController(Policy):
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
         family = "lowrank" if self.last.rank and not self.last.dense else "topk"  # PowerSGD's cost is its own
-        warmed = family in self.warmed
         if m.selection_seconds > 0:
-            if not warmed:  # its first compressed step: one-time costs, not priced
+            if family not in self.warmed:  # its first compressed step: one-time costs, not priced
                 self.warmed.add(family)
             elif family == "lowrank":
                 self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
             else:
                 self.selection.add(m.elements_sent, m.selection_seconds)
-        if family == "lowrank" and self.compute_s > 0:
-            # PowerSGD's work inside the backward pass (and its first all-reduce, waited for there) reads as
-            # compute: on set 2's MLP 20 ms a step against 11 ms on TopK's steps of the same runs. Kept apart
-            # from C, so that TopK's price does not carry it and PowerSGD's is not lost while TopK runs.
-            if warmed:
-                self.lowrank_compute = smoothed(self.lowrank_compute or 0.0, m.compute_seconds - self.compute_s)
-        else:
-            self.compute_s = smoothed(self.compute_s, m.compute_seconds)
+        self.compute_s = smoothed(self.compute_s, m.compute_seconds)
         if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
             w = self.KNEE_WEIGHT if self.knee_updates else 1.0
             self._lost = (1 - w) * self._lost + w * (m.progress_dense - m.progress_made)
@@ -538,10 +526,8 @@ class TimeToAccuracyController(Policy):
         if d.rank:
             matrices, whole = self.low_ranks[d.rank]
             wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
-            # Two collectives, the first waited for inside the backward pass: its steps' extra compute as measured,
-            # until then one more collective's fixed time than TopK's.
-            extra = self.sensor.fixed if self.lowrank_compute is None else max(0.0, self.lowrank_compute)
-            step = self.compute_s + self.lowrank_per_rank * d.rank + wire / bw + extra
+            # Two collectives, the first waited for inside the backward pass: one more fixed time than TopK's.
+            step = self.compute_s + self.lowrank_per_rank * d.rank + wire / bw + self.sensor.fixed
             return self.lowrank_steps_factor(d.rank) * step
         k = d.density * self.numel
         step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
@@ -635,5 +621,4 @@ class TimeToAccuracyController(Policy):
             out["est_knee"] = self.knee
         if self.low_ranks:
             out["est_lowrank_s_per_rank"] = self.lowrank_per_rank
-            out["est_lowrank_compute_s"] = self.lowrank_compute or 0.0
         return out
