@@ -38,6 +38,12 @@ def family(method: str) -> str | None:
                  if (method.startswith(prefix) if prefix.endswith("-") else method == prefix)), None)
 
 
+def is_peer(method: str, ours: str) -> bool:
+    """Whether ``method`` is compared with ours: never ours itself or its own variants (``ours-...``; ours may
+    be a fixed method: dev-frontload-*)."""
+    return method != ours and not method.startswith(f"{ours}-")
+
+
 def times(row: dict) -> dict[int, float | None]:
     return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
 
@@ -90,8 +96,7 @@ def comparisons(rows: list[dict], ours: str) -> list[str]:
     """Ours against the sweep (does it bracket ours, and the hindsight-best member) and every other family."""
     by = {r["method"]: r for r in rows}
     mine, out = by[ours], []
-    # Ours and its own variants are never their own peers (ours may be a fixed method: dev-frontload-*).
-    peers = {m: r for m, r in by.items() if m != ours and not m.startswith(f"{ours}-")}
+    peers = {m: r for m, r in by.items() if is_peer(m, ours)}
     sweep = {m: r for m, r in peers.items() if family(m) == "fixed TopK"}
     if sweep:
         densities = [statistics.fmean(d) for r in sweep.values() if (d := seeds_of(r, "mean_density"))]
@@ -122,8 +127,7 @@ def bar_lines(by: dict[str, dict], ours: str) -> list[str]:
     its accuracy after the grid's equal epochs within 0.5 points of the fastest fixed method's (TopK or
     PowerSGD)."""
     out, mine = [], by[ours]
-    others = {m: t for m, r in by.items() if family(m) and m != ours and not m.startswith(f"{ours}-")
-              and (t := mean_tta(r)) is not None}
+    others = {m: t for m, r in by.items() if family(m) and is_peer(m, ours) and (t := mean_tta(r)) is not None}
     if others and mean_tta(mine) is not None:
         fastest = min(others, key=others.get)
         ratio = mean_tta(mine) / others[fastest]

@@ -6,19 +6,21 @@ For every cell of the method on a link that changes, its longest stretch of step
 the median estimate over the stretch's last 10 steps (x that rate: 1 is right; the small steps cannot lower an
 estimate, only a probe can), and the probes sent in it (count, seconds on the wire); then the family pilot's
 seconds and probe reads where it ran. A run counts as stuck where that median is over 1.5x the rate after a
-probe was sent in the stretch (before the first probe there nothing could have lowered it: not judged). Reads each cell's timeline.csv and result.json
-(the bench's output directories: kept locally under runs/, not committed).
+probe was sent in the stretch (before the first probe there nothing could have lowered it: not judged). Reads
+each cell's timeline.csv and result.json (the bench's output directories: kept locally under runs/, not
+committed).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
 import itertools
 import json
 import os
 import statistics
+
+from netsense.train.results import read_timeline
 
 STUCK = 1.5  # x the link: an estimate this far above it sizes every probe from a link that is gone
 LAST = 10  # steps at the end of the slowest phase whose estimates are read
@@ -26,17 +28,15 @@ LAST = 10  # steps at the end of the slowest phase whose estimates are read
 
 def slow_phase(cell: str) -> dict | None:
     """The longest stretch at the lowest rate of one cell; None where the link is static."""
-    with open(os.path.join(cell, "timeline.csv")) as fh:
-        rows = [r for r in csv.DictReader(fh) if r.get("link_rate_mbit")]
-    rates = [float(r["link_rate_mbit"]) for r in rows]
-    if len(set(rates)) < 2:
+    rows = [r for r in read_timeline(os.path.join(cell, "timeline.csv")) if r["link_rate_mbit"] is not None]
+    rates = {r["link_rate_mbit"] for r in rows}
+    if len(rates) < 2:
         return None
     low = min(rates)
-    stretches = [list(g) for is_low, g in itertools.groupby(rows, key=lambda r: float(r["link_rate_mbit"]) == low)
-                 if is_low]
+    stretches = [list(g) for is_low, g in itertools.groupby(rows, key=lambda r: r["link_rate_mbit"] == low) if is_low]
     phase = max(stretches, key=len)
-    estimates = [float(r["est_btlbw_mbit"]) for r in phase[-LAST:] if r.get("est_btlbw_mbit")]
-    probes = [float(r["comm_s"]) for r in phase if r.get("probe") == "1"]
+    estimates = [r["est_btlbw_mbit"] for r in phase[-LAST:] if r["est_btlbw_mbit"]]
+    probes = [r["comm_s"] for r in phase if r["probe"] == 1]
     return {"rate": low, "steps": len(phase), "estimate": statistics.median(estimates) if estimates else None,
             "probes": len(probes), "probe_seconds": sum(probes)}
 
