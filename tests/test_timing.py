@@ -130,6 +130,25 @@ def test_compute_is_the_step_less_the_exposed_wait_and_the_selection(clock: Cloc
     assert record["selection_seconds"] == pytest.approx(0.5)
 
 
+def test_a_collective_the_host_blocks_on_is_exposed_whole_not_compute(clock: Clock, measured: _Measured):
+    """PowerSGD's P's all_reduce is waited for inside the backward pass (its Q's need the sum): all of it is the
+    step waiting for the network. Step 0 to 10; the blocking collective from 4 to 6, the Q's launched at 7 and done
+    at 9; selection 0.5 s: exposed 2 + 2, compute 10 - 4 - 0.5 = 5.5. Timed as a launch, the blocking one's wait
+    read as compute (7.5 here; on set 2's MLP 21.6 ms a PowerSGD step against a TopK step's 11.1 ms)."""
+    clock.at(0.0)
+    measured.start_step()
+    clock.at(3.0)
+    measured.begin_step(torch.device("cpu"))
+    clock.at(4.0)
+    measured.timer.wait_for(lambda: clock.at(6.0))
+    _play(clock, measured.timer, [(7.0, 9.0)])
+    _play(clock, measured.selection_timer, [(3.0, 3.5)])
+    clock.at(10.0)
+    record = measured.end_step()
+    assert record["comm_seconds"] == pytest.approx(4.0)
+    assert record["compute_seconds"] == pytest.approx(5.5)
+
+
 def test_without_the_forward_mark_the_step_is_timed_from_its_first_bucket(clock: Clock, measured: _Measured):
     """A trainer that does not call start_step(): the step counts from the first bucket's hook (3 s here)."""
     record = _step(measured, clock, None, 3.0, [(4.0, 5.0)], 0.0, 10.0)

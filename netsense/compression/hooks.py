@@ -190,8 +190,13 @@ class CompressionState(MeasuredState):
         c.payload_bytes += packed.numel()
         c.elements_sent += selected  # the selection's work: padding costs none
         c.elements_total += n
-        return communicator.allgather(gathered, packed, self.group, self.timer,
-                                      lambda _: TopK.decompress(buf, gathered, k, d.fp16, self.world), self.null_wire)
+        def done(_: torch.futures.Future) -> torch.Tensor:
+            t1 = self.selection_timer.start()  # decoding is the compressor's own work (SelectionCost), not compute
+            TopK.decompress(buf, gathered, k, d.fp16, self.world)
+            self.selection_timer.stop(t1)
+            return buf
+
+        return communicator.allgather(gathered, packed, self.group, self.timer, done, self.null_wire)
 
 
     def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -205,9 +210,8 @@ class CompressionState(MeasuredState):
         first, mats = self.lowrank.first_pass(signal, pieces, rank)
         c = self.counts
         self.selection_timer.stop(t0)
-        token = self.timer.start()  # waited for here: the Q's need the summed P's
-        communicator.allreduce_now(first, self.group, self.null_wire)
-        self.timer.stop(token)
+        # Waited for here (the Q's need the summed P's): exposed time, not compute.
+        self.timer.wait_for(lambda: communicator.allreduce_now(first, self.group, self.null_wire))
         t1 = self.selection_timer.start()
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
         self.selection_timer.stop(t1)
@@ -224,7 +228,9 @@ class CompressionState(MeasuredState):
             c.payload_bytes += pad * second.element_size()
 
         def done(_: torch.futures.Future) -> torch.Tensor:
+            t2 = self.selection_timer.start()  # decoding: its own work, as the passes are (not compute)
             self.lowrank.apply(buf, residual, pieces, hats, second, vectors, self.world, rank)
+            self.selection_timer.stop(t2)
             return buf
 
         return communicator.allreduce(second, self.group, self.timer, done, self.null_wire)

@@ -3,7 +3,8 @@
 A step begins at its first bucket (bucket 0, which DDP always launches first) or at ``start_step()``
 before the forward pass, and ends at ``end_step()`` (the trainer calls it after the optimizer step;
 otherwise the next step's first bucket does). Its record: what it decided, the bytes it sent, how long its
-collectives were busy, its compute (the step minus the wait for the network and minus selection).
+collectives were busy, its compute (the step minus the wait for the network, after its last launch and blocked
+on any, and minus the compressor's own work: selecting, packing, decoding).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class StepCounts:
 
     wire_bytes: float = 0.0  # what this rank puts on the wire (the collective's algorithm counted)
     payload_bytes: float = 0.0  # what this rank's gradient was compressed to (before the collective)
-    selection_seconds: float = 0.0  # compressing: TopK's selecting and packing, PowerSGD's own work
+    selection_seconds: float = 0.0  # a compressor's own work: TopK's selecting, packing and decoding, PowerSGD's
     grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0
