@@ -37,7 +37,7 @@ class StepMeasurement:
     comm_seconds: float  # busy time of the step's collectives
     compute_seconds: float  # step time minus exposed communication
     grad_norm: float  # L2 norm of the (uncompressed) gradient
-    selection_seconds: float = 0.0  # time spent selecting/packing sparse values
+    selection_seconds: float = 0.0  # the compressor's own work (selecting, packing, decoding; PowerSGD's passes)
     elements_sent: float = 0.0  # gradient elements selected (sparse path)
     progress_made: float = 0.0  # <g_t, U_{t-1}>: the previous step's update along this step's gradient (ProgressProbe)
     progress_dense: float = 0.0  # <g_t, g_{t-1}>: the same for a dense update, in expectation (0: not measured)
@@ -261,11 +261,14 @@ class TimeToAccuracyController(Policy):
 
     Measured costs and a measured property of the task. A step at density d takes
 
-        T(d) = C + F + d * N * (s + w)      (TopK; values fp16 by default, ``values``)
-        T    = C + bytes / B                (dense allreduce, fp32 or fp16)
+        T(d) = C + F + L + d * N * (s + w)      (TopK; values fp16 by default, ``values``)
+        T    = C + L + bytes / B                (dense allreduce, fp32 or fp16)
 
     C is the compute seconds of a step (its time less exposed communication and
-    selection); B the estimated bandwidth and w = (world-1) * (v + 4) / B the wire
+    the compressor's own work); L a collective's fixed seconds (LinkEstimator.fixed:
+    the launch, the wait for the slower rank; 5-15 ms on two shared cores, as long as
+    a small MLP's compute, so a price without it undercharges the options that need
+    more steps); B the estimated bandwidth and w = (world-1) * (v + 4) / B the wire
     seconds per element sent sparse (v: 2 bytes a value in fp16, 4 in fp32); F selection's fixed pass over the gradient
     and s its per-element cost (both fitted online by SelectionCost: on CPUs
     packing an element costs a fifth to all of its wire time).
@@ -293,7 +296,7 @@ class TimeToAccuracyController(Policy):
     inverse law is off by 0.78-1.79x (each task's dense steps fitted as a scale).
     Its optimum is linear in the link's rate, not its square root:
 
-        d* = q / (1 - q) x (C + F) / (N * (s + w))
+        d* = q / (1 - q) x (C + F + L) / (N * (s + w))
 
     (the sparse payload's seconds are q / (1 - q), about an eighth, of the
     step's fixed seconds).
@@ -318,7 +321,7 @@ class TimeToAccuracyController(Policy):
     Time to accuracy is steps x step time, so the controller minimizes
     ``(1 + knee/d) * T(d)``, whose optimum is
 
-        d* = sqrt(knee * (C + F) / (N * (s + w)))
+        d* = sqrt(knee * (C + F + L) / (N * (s + w)))
 
     and compares it with the dense collectives (factor 1: fp16 values train as
     fp32 do). So: no compression when the dense gradient costs less than the
@@ -337,14 +340,18 @@ class TimeToAccuracyController(Policy):
 
     PowerSGD as an option (``low_ranks``; spec: lowRanks, none by default): at rank r a step costs
 
-        T_r = C + a * r + bytes_r / B + L      steps: (1 + lowrank_knee / r) x the dense steps
+        T_r = C + a0 + a * r + bytes_r / B + 2 L      steps: (1 + lowrank_knee / r) x the dense steps
 
     bytes_r the two all_reduces of its P's (with the parameters sent whole) and Q's (lowrank_allreduce_bytes,
-    fp32), L one more collective's fixed time (LinkEstimator.fixed: the first all_reduce is waited for inside
-    the backward pass), a PowerSGD's own seconds per unit of rank (its matrix products grow with r), measured
-    on its own steps and 0 until two have run: the first low-rank steps are tried on the optimistic price and
-    then priced as measured (a family's first compressed step pays one-time costs and is not priced, as
-    TopK's first selection is not). The step prior is one constant per family, fitted on the tuning task only
+    fp32), one after the other (the first waited for inside the backward pass): two fixed times, a0 + a * r
+    PowerSGD's own seconds a step (error feedback, its matrix products, its decoding: a line through its steps'
+    (r, seconds), SelectionCost, all of it per unit of rank until two ranks have run), 0 until two of its steps
+    have run: the first low-rank steps are tried on the optimistic price and then priced as measured (a family's
+    first compressed step pays one-time costs and is not priced, as TopK's first selection is not). C is the same
+    whatever the family: the hooks time the first all_reduce's wait as exposed and each compressor's own work,
+    decoding too, as its own (on set 2's MLP a PowerSGD step's compute had read 21.6 ms against a TopK step's 11.1
+    ms, its wait counted as compute, and as everyone's C that made PowerSGD look cheap while TopK ran: tta stayed
+    on TopK for tens of steps). The step prior is one constant per family, fitted on the tuning task only
     (spec: lowRankKnee; testbed/EVALUATION.md says on which runs), as kneeDensity is for TopK. PowerSGD and
     TopK share the error-feedback residual (memory.ResidualMemory): what one did not send, the other's next
     step sends or keeps, so a switch between the families loses no gradient mass (tests/test_feedback.py);
@@ -425,7 +432,8 @@ class TimeToAccuracyController(Policy):
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
         self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
-        self.lowrank_per_rank = 0.0  # PowerSGD's own seconds a step per unit of rank, measured (0: not yet)
+        # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured)
+        self.lowrank_cost = SelectionCost()
         # A family's first compressed step pays one-time costs (CUDA loading its kernels, workspaces allocated):
         # on an H200 the first TopK selection took 0.13-0.24 s against ~5 ms after, and priced as every
         # step's cost it kept tta dense for a whole run (no later sparse step could correct it). Not priced.
@@ -450,7 +458,8 @@ class TimeToAccuracyController(Policy):
 
     def update(self, m: StepMeasurement) -> None:
         before = self.sensor.bandwidth
-        self.sensor.observe(m.wire_bytes, m.comm_seconds)
+        lowrank = bool(self.last.rank) and not self.last.dense
+        self.sensor.observe(m.wire_bytes, m.comm_seconds, rounds=2 if lowrank else 1)  # PowerSGD: two in a row
         # After the first step's small probe (first()) its sample "found more": the startup probes follow it,
         # doubling while they do.
         self.reprobe = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
@@ -460,12 +469,12 @@ class TimeToAccuracyController(Policy):
             self.quiet_probes = 0 if self.reprobe else self.quiet_probes + 1
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
-        family = "lowrank" if self.last.rank and not self.last.dense else "topk"  # PowerSGD's cost is its own
+        family = "lowrank" if lowrank else "topk"  # PowerSGD's cost is its own
         if m.selection_seconds > 0:
             if family not in self.warmed:  # its first compressed step: one-time costs, not priced
                 self.warmed.add(family)
             elif family == "lowrank":
-                self.lowrank_per_rank = smoothed(self.lowrank_per_rank, m.selection_seconds / self.last.rank)
+                self.lowrank_cost.add(self.last.rank, m.selection_seconds)
             else:
                 self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
@@ -511,7 +520,7 @@ class TimeToAccuracyController(Policy):
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
-        fixed = self.compute_s + self.selection.intercept
+        fixed = self.compute_s + self.selection.intercept + self.sensor.fixed
         per_density = self.numel * (self._wire_per_element() + self.selection.per_element)
         if self.step_law == "power":
             q = self.density_exponent
@@ -522,15 +531,16 @@ class TimeToAccuracyController(Policy):
         """Seconds of training per dense step's worth of progress under decision d."""
         bw = self.sensor.bandwidth
         if d.dense:
-            return self.compute_s + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
+            return self.compute_s + self.sensor.fixed + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
         if d.rank:
             matrices, whole = self.low_ranks[d.rank]
             wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
-            # Two collectives, the first waited for inside the backward pass: one more fixed time than TopK's.
-            step = self.compute_s + self.lowrank_per_rank * d.rank + wire / bw + self.sensor.fixed
+            # Two collectives, one after the other (the first waited for inside the backward pass): two fixed times.
+            own = self.lowrank_cost.intercept + self.lowrank_cost.per_element * d.rank
+            step = self.compute_s + own + wire / bw + 2 * self.sensor.fixed
             return self.lowrank_steps_factor(d.rank) * step
         k = d.density * self.numel
-        step = (self.compute_s + self.selection.intercept + k * self.selection.per_element
+        step = (self.compute_s + self.selection.intercept + self.sensor.fixed + k * self.selection.per_element
                 + sparse_allgather_bytes(math.ceil(k), self.world, fp16=self.fp16) / bw)
         return self.steps_factor(d.density) * step
 
@@ -620,5 +630,6 @@ class TimeToAccuracyController(Policy):
         if self.step_law == "inverse":  # the power law's exponent is a fixed setting: nothing estimated
             out["est_knee"] = self.knee
         if self.low_ranks:
-            out["est_lowrank_s_per_rank"] = self.lowrank_per_rank
+            out["est_lowrank_s_per_rank"] = self.lowrank_cost.per_element
+            out["est_lowrank_fixed_s"] = self.lowrank_cost.intercept
         return out

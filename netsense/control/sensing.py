@@ -42,6 +42,10 @@ the estimate, never lower it. Here (``LinkEstimator``):
   a controller whose payloads are all app-limited must probe with larger ones,
   ``probe_bytes`` (tta does).
 
+A step whose collectives run one after another (PowerSGD: the P's all_reduce, waited for, then the Q's) pays L
+once for each: ``observe(..., rounds=2)`` reads its left-over time as 2 L and predicts it as 2 L + D / B, so that
+``fixed`` stays one collective's L whichever family ran (read as one, a PowerSGD step's L was twice a TopK step's).
+
 RTprop, the least busy time of a recent step, is the paper's; BDP = BtlBw x RTprop.
 """
 
@@ -82,9 +86,10 @@ class LinkEstimator:
         self.fill, self.drop_after = fill, drop_after
         self.btlbw = WindowedExtreme(window, use_max=True)
         self.rtprop = WindowedExtreme(window, use_max=False)
-        # (D, t) of recent steps: the fixed part of each is t - D/B at the *current* estimate B, so a step taken
-        # while B was still underestimated (a small first payload, the startup's) is not read as a short L.
-        self.steps: deque[tuple[float, float]] = deque(maxlen=memory)
+        # (D, t, rounds) of recent steps: the fixed part of each is (t - D/B) / rounds at the *current* estimate B,
+        # so a step taken while B was still underestimated (a small first payload, the startup's) is not read as a
+        # short L.
+        self.steps: deque[tuple[float, float, int]] = deque(maxlen=memory)
         self.slow: list[float] = []  # implied rates of the slow steps running
         self.last_sample = ""
 
@@ -95,13 +100,14 @@ class LinkEstimator:
 
     @property
     def residuals(self) -> list[float]:
-        """t - D/B of the recent steps, at the current estimate: what the model leaves over, the fixed part."""
+        """(t - D/B) / rounds of the recent steps, at the current estimate: what the model leaves over, the fixed
+        part of one collective."""
         b = self.bandwidth
-        return [max(0.0, t - d / b) for d, t in self.steps] if b > 0 else []
+        return [max(0.0, t - d / b) / n for d, t, n in self.steps] if b > 0 else []
 
     @property
     def fixed(self) -> float:
-        """L: the collectives' fixed seconds in a typical step (median of what the model leaves over)."""
+        """L: one collective's fixed seconds in a typical step (median of what the model leaves over)."""
         return statistics.median(self.residuals) if self.steps else 0.0
 
     @property
@@ -125,7 +131,9 @@ class LinkEstimator:
     def bdp(self) -> float:
         return self.bandwidth * self.rtt
 
-    def observe(self, wire_bytes: float, busy_seconds: float) -> None:
+    def observe(self, wire_bytes: float, busy_seconds: float, rounds: int = 1) -> None:
+        """One step: the bytes its collectives put on the wire, the time they were busy, and how many ran one
+        after another (each pays L)."""
         if wire_bytes <= 0 or busy_seconds <= 0:
             return
         d, t = wire_bytes, busy_seconds
@@ -137,9 +145,9 @@ class LinkEstimator:
             self.last_sample = "measure"
             return
         known = len(self.steps) >= self.LEARN_FIXED  # until L is known, a sample can only raise
-        self.steps.append((d, t))
-        if known and t > 2 * (fixed + d / b):
-            self.slow.append(d / max(t - fixed, t / 2))
+        self.steps.append((d, t, rounds))
+        if known and t > 2 * (rounds * fixed + d / b):
+            self.slow.append(d / max(t - rounds * fixed, t / 2))
             self.last_sample = "slow"
             # A measuring payload twice as slow as predicted is the drop itself, not a rank held up: it is a
             # probe's, sent because the small steps cannot lower the estimate, and the next one is steps away.
@@ -152,7 +160,7 @@ class LinkEstimator:
             return
         self.slow.clear()
         if known and d / b >= self.fill * fixed:
-            self.btlbw.add(d / max(t - self.fixed_low, t / 2))
+            self.btlbw.add(d / max(t - rounds * self.fixed_low, t / 2))
             self.last_sample = "measure"
         elif rate > b:
             self.btlbw.add(rate)
