@@ -100,9 +100,8 @@ def main() -> int:
         print("Seconds a step, median (share of the steps): " + ", ".join(
             f"{k} {1e3 * statistics.median(v):.1f} ms ({len(v) / sum(map(len, seconds.values())):.0%})"
             for k, v in sorted(seconds.items())) + ".")
-        if firsts:
-            print(f"First step ended at {statistics.median(firsts):.2f} s; probes a cell {statistics.median(probes):g} "
-                  f"(medians over cells).")
+        print(f"First step ended at {statistics.median(firsts):.2f} s; probes a cell {statistics.median(probes):g} "
+              f"(medians over cells).")
         if densities:
             print(f"TopK steps' median density, the median over cells: {statistics.median(densities):.2%} "
                   f"({len(densities)} cells).")
