@@ -34,6 +34,8 @@ from the task that ranks the tasks as their step counts do. Four readings, each 
    familyPilotExponent), each task's prediction with and without itself in the fit.
 7. When the pilot can tell a fork will not halve its loss within its cap: how far each fork had come by steps
    2-12, split by whether it halved (the evidence for pilot.EARLY_STOPS).
+8. Halting at other levels: h and the slower fork's steps if the forks stopped when the probe loss first fell
+   to 0.5-0.8 of its first value (the pilot halts at 0.5), from forks read at every step up to the cap.
 
 Nothing here is tuned but section 6's exponent and section 7's checkpoints, fitted on these development tasks
 (the fresh evaluation set judges them); the rest reads the final run and measures gradients.
@@ -498,11 +500,46 @@ def early_stop_evidence() -> list[str]:
     return out
 
 
+HALT_LEVELS = (0.5, 0.6, 0.7, 0.8)  # section 8: fractions of the first probe loss at which the forks could stop
+
+
+def halting_levels() -> list[str]:
+    """Per task and level: h from the summed forks (as pilot.reading: None where a family's forks do not all get
+    there within the cap) and the slower family's mean steps to the level, the pilot's cost in fork steps."""
+    out = ["| task | level | seeds read | h median [min, max] | slower fork's steps (median) |",
+           "| --- | ---: | ---: | --- | ---: |"]
+    for name, grid in TASKS.items():
+        task = grid_task(grid)
+        readings: dict[float, list[tuple[float, float]]] = {level: [] for level in HALT_LEVELS}
+        for seed in FAMILY_SEEDS:
+            data, net, _ = _setup(task, seed)
+            curves: dict[str, list[list[float]]] = {}
+            for rank in range(task.workers):
+                batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
+                losses: dict[int, float] = {}
+                # Without early stops every step is read, up to halving: each level above a half is crossed before.
+                fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
+                                      losses=losses, early_stops=())
+                curves.setdefault(fork.family, []).append([losses[k] for k in sorted(losses)])
+            for level in HALT_LEVELS:
+                steps = {f: [pilot.steps_to(c, level * c[0]) for c in cs] for f, cs in curves.items()}
+                if all(s is not None for ss in steps.values() for s in ss):
+                    mean = {f: sum(ss) / len(ss) for f, ss in steps.items()}
+                    readings[level].append((mean["topk"] / mean["powersgd"], max(mean.values())))
+        for level in HALT_LEVELS:
+            got = readings[level]
+            h = [r for r, _ in got]
+            cells = (f"{statistics.median(h):.2f} [{min(h):.2f}, {max(h):.2f}] | "
+                     f"{statistics.median(c for _, c in got):.1f}") if got else "- | -"
+            out.append(f"| {name} | {level} | {len(got)}/{len(FAMILY_SEEDS)} | {cells} |")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
     p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
-    p.add_argument("--sections", default="1,2,3,4,5,6,7", help="which sections to print (comma-separated)")
+    p.add_argument("--sections", default="1,2,3,4,5,6,7,8", help="which sections to print (comma-separated)")
     p.add_argument("--pilot-rows", action="store_true", help="section 5: only the pilot's two rows (the rest "
                                                                 "takes most of the time)")
     a = p.parse_args()
@@ -524,6 +561,9 @@ def main() -> None:
         (7, f"When a pilot fork will not halve its loss: how far it had come by steps {CHECKPOINTS} (seeds "
             f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork run to {pilot.MAX_STEPS} steps or halving)",
          early_stop_evidence),
+        (8, f"Halting at other levels: the pilot's reading h if the forks stopped at {HALT_LEVELS} x the first probe "
+            f"loss (seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork read at every step to {pilot.MAX_STEPS})",
+         halting_levels),
     ]
     for number, title, rows in sections:
         if number in want:
