@@ -40,12 +40,13 @@ def cell_families(cell: str) -> dict:
     """One cell's pilot reading and the families its steps ran (probes left out)."""
     with open(os.path.join(cell, "result.json")) as fh:
         pilot = json.load(fh).get("family_pilot") or {}
-    rows = [r for r in read_timeline(os.path.join(cell, "timeline.csv")) if r["probe"] != 1]
+    every = read_timeline(os.path.join(cell, "timeline.csv"))
+    rows = [r for r in every if r["probe"] != 1]
     kinds = [family(r) for r in rows]
     runs = [len(list(g)) for k, g in itertools.groupby(kinds) if k == "topk"]
-    densities = [r["density"] for r in rows if family(r) == "topk"]
-    compute = {k: [r["compute_s"] for r in rows if family(r) == k and r["compute_s"]] for k in FAMILIES}
-    every = read_timeline(os.path.join(cell, "timeline.csv"))
+    densities = [r["density"] for r, k in zip(rows, kinds, strict=True) if k == "topk"]
+    compute = {f: [r["compute_s"] for r, k in zip(rows, kinds, strict=True) if k == f and r["compute_s"]]
+               for f in FAMILIES}
     seconds: dict[str, list[float]] = {}
     for before, row in zip(every, every[1:], strict=False):
         if row["probe"] != 1:

@@ -464,10 +464,9 @@ def pilot_calibration(results: str) -> list[str]:
 CHECKPOINTS = (2, 3, 4, 6, 8, 10, 12)
 
 
-def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[float]]]:
-    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs), but never stopped early (16 steps
-    or until it halves): its family, the step it halved at (None: not within 16) and how far it had come
-    toward half its loss (0: not at all, 1: there) after each of CHECKPOINTS steps."""
+def unstopped_forks(task: Task, seed: int) -> list[tuple[pilot.Fork, dict[int, float]]]:
+    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs) but never stopped early, with its probe
+    loss at every step (without early stops the pilot reads every step) until it halves or reaches the cap."""
     data, net, _ = _setup(task, seed)
     out = []
     for rank in range(task.workers):
@@ -475,6 +474,16 @@ def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[f
         curve: dict[int, float] = {}
         fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
                               losses=curve, early_stops=())
+        out.append((fork, curve))
+    return out
+
+
+def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[float]]]:
+    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs), but never stopped early (16 steps
+    or until it halves): its family, the step it halved at (None: not within 16) and how far it had come
+    toward half its loss (0: not at all, 1: there) after each of CHECKPOINTS steps."""
+    out = []
+    for fork, curve in unstopped_forks(task, seed):
         # At a checkpoint the pilot reads the loss there (not the least since: it skips the steps between).
         way = [min(1.0, (curve[0] - curve[k]) / (curve[0] / 2)) if k in curve else 1.0 for k in CHECKPOINTS]
         out.append((fork.family, fork.steps if fork.halved else None, way))
@@ -512,14 +521,8 @@ def halting_levels() -> list[str]:
         task = grid_task(grid)
         readings: dict[float, list[tuple[float, float]]] = {level: [] for level in HALT_LEVELS}
         for seed in FAMILY_SEEDS:
-            data, net, _ = _setup(task, seed)
             curves: dict[str, list[list[float]]] = {}
-            for rank in range(task.workers):
-                batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
-                losses: dict[int, float] = {}
-                # Without early stops every step is read, up to halving: each level above a half is crossed before.
-                fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
-                                      losses=losses, early_stops=())
+            for fork, losses in unstopped_forks(task, seed):  # read up to halving: every level above it is crossed
                 curves.setdefault(fork.family, []).append([losses[k] for k in sorted(losses)])
             for level in HALT_LEVELS:
                 steps = {f: [pilot.steps_to(c, level * c[0]) for c in cs] for f, cs in curves.items()}
