@@ -67,6 +67,13 @@ def layout(shapes: list[tuple[int, ...]], rank: int) -> tuple[list[tuple[int, in
     return matrices, whole
 
 
+def thin_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for a thin b (a few columns), computed as (b^T a^T)^T: the same product, but the large matrix is
+    read along its rows. On one CPU thread M Q and M^T P of a 512 x 3072 matrix at rank 4 took 1.9 and 5.0 ms
+    this way round against 0.4 ms each (a 10x gap: most of a PowerSGD step's own work on set 2's MLP)."""
+    return (b.t() @ a.t()).t()
+
+
 class LowRank:
     """The compressor's state: each parameter's Q (the warm start), drawn at first use from a generator seeded
     alike on every rank (the buckets are met in the same order everywhere)."""
@@ -106,7 +113,7 @@ class LowRank:
                 continue
             m = flat.view(p.shape)
             mats.append(m)
-            parts.append((m @ self.q(p, rank, signal.device)).reshape(-1))
+            parts.append(thin_product(m, self.q(p, rank, signal.device)).reshape(-1))
         parts += [signal[p.offset:p.offset + p.numel] for p in pieces if p.shape is None]
         return torch.cat(parts) if parts else signal.new_zeros(0), mats
 
@@ -121,7 +128,7 @@ class LowRank:
             hat = torch.linalg.qr(reduced[at:at + n * r].view(n, r), mode="reduced").Q
             at += n * r
             hats.append(hat)
-            qs.append((m.t() @ hat).reshape(-1))
+            qs.append(thin_product(m.t(), hat).reshape(-1))
         return torch.cat(qs) if qs else reduced.new_zeros(0), hats, reduced[at:]
 
     def apply(self, buf: torch.Tensor, signal: torch.Tensor | None, pieces: list[Piece], hats: list[torch.Tensor],
