@@ -29,13 +29,15 @@ from the task that ranks the tasks as their step counts do. Four readings, each 
    measured side. Issue 36's gate for such a reading: it must order the known tasks as their step
    counts do.
 6. tta's family pilot (netsense.control.pilot, as the grid's workers run it: one family's fork a worker, on
-   its own batches, until the loss on its share of the fixed batch halves, at most 16 steps): its reading h
+   its own batches, until the loss on its share of the fixed batch falls to pilot.HALT_LEVEL of its first, at
+   most 16 steps): its reading h
    per task, and the exponent of R = h^exponent fitted on the tasks where it reads (the spec's
    familyPilotExponent), each task's prediction with and without itself in the fit.
-7. When the pilot can tell a fork will not halve its loss within its cap: how far each fork had come by steps
-   2-12, split by whether it halved (the evidence for pilot.EARLY_STOPS).
+7. When the pilot can tell a fork will not reach its level within its cap: how far each fork had come by steps
+   2-12, and when it got there (the evidence for pilot.EARLY_STOPS).
 8. Halting at other levels: h and the slower fork's steps if the forks stopped when the probe loss first fell
-   to 0.5-0.8 of its first value (the pilot halts at 0.5), from forks read at every step up to the cap.
+   to 0.5-0.8 of its first value (the pilot halts at 0.8 since 2026-12-05, at 0.5 before), from forks read at
+   every step up to the cap.
 
 Nothing here is tuned but section 6's exponent and section 7's checkpoints, fitted on these development tasks
 (the fresh evaluation set judges them); the rest reads the final run and measures gradients.
@@ -376,7 +378,7 @@ def block_family_reading(task: Task, seed: int, block: int, rounds: int) -> floa
 
 # The readings, each with the steps of compute it spends before training (forked) or in it (blocks). A
 # worker's pilot runs at its own batch (the grid's batchSize, not all workers' samples): "per worker".
-PILOT_READING = ("tta's familyPilot: steps to half the first loss, one family a worker, each on its own batches "
+PILOT_READING = ("tta's familyPilot: steps to the pilot's level, one family a worker, each on its own batches "
                  "(no reading counts as 1)")
 PAIRED_PILOT_READING = ("tta's familyPilot as it runs now: the same, each pair of workers (TopK, PowerSGD) on the "
                         "same batches of the sampler's shard, each the job's whole batch, and held-out probe samples "
@@ -444,7 +446,8 @@ def pilot_calibration(results: str) -> list[str]:
     exponent = fit_exponent(list(points.values()))
     out = [f"The exponent: **{exponent:.2f}**, least squares of log R on log h through the origin, over the tasks "
            f"where most seeds read (medians; seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}; a fork stops at "
-           f"{pilot.MAX_STEPS} steps). Where no fork halves its loss there is no reading and tta keeps its priors.\n",
+           f"{pilot.MAX_STEPS} steps, the level {pilot.HALT_LEVEL} x the first probe loss, {pilot.PROBE_SAMPLES} probe "
+           f"samples). Where no fork gets there there is no reading and tta keeps its priors.\n",
            "| task | seeds with a reading | h: median [min, max] | measured R | h^exponent (x measured) | "
            "fitted without it: h^exponent' (x measured) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, got, measured in rows:
@@ -461,55 +464,55 @@ def pilot_calibration(results: str) -> list[str]:
     return out
 
 
-CHECKPOINTS = (2, 3, 4, 6, 8, 10, 12)
+CHECKPOINTS = (2, 3, 4, 5, 6, 8, 10, 12)
+HALT_LEVELS = (0.5, 0.6, 0.7, 0.8)  # section 8: fractions of the first probe loss at which the forks could stop
 
 
 def unstopped_forks(task: Task, seed: int) -> list[tuple[pilot.Fork, dict[int, float]]]:
     """Each rank's pilot fork as the workers run it (trainer.pilot_inputs) but never stopped early, with its probe
-    loss at every step (without early stops the pilot reads every step) until it halves or reaches the cap."""
+    loss at every step (without early stops the pilot reads every step) until it reaches the lowest of HALT_LEVELS
+    (so every level above is crossed too) or the cap."""
     data, net, _ = _setup(task, seed)
     out = []
     for rank in range(task.workers):
         batches, probe = pilot_inputs(data, task.batch // task.workers, rank, task.workers, seed)
         curve: dict[int, float] = {}
         fork = pilot.run_fork(net, pilot.fork_family(rank), batches, probe, task.lr, task.momentum, seed,
-                              losses=curve, early_stops=())
+                              losses=curve, early_stops=(), level=min(HALT_LEVELS))
         out.append((fork, curve))
     return out
 
 
 def fork_progress(task: Task, seed: int) -> list[tuple[str, float | None, list[float]]]:
-    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs), but never stopped early (16 steps
-    or until it halves): its family, the step it halved at (None: not within 16) and how far it had come
-    toward half its loss (0: not at all, 1: there) after each of CHECKPOINTS steps."""
+    """Each rank's pilot fork as the workers run it (trainer.pilot_inputs), but never stopped early: its family,
+    the step its loss reached the pilot's level (pilot.HALT_LEVEL of the first; None: not within the cap) and how
+    far it had come toward that level (0: not at all, 1: there) after each of CHECKPOINTS steps."""
     out = []
     for fork, curve in unstopped_forks(task, seed):
-        # At a checkpoint the pilot reads the loss there (not the least since: it skips the steps between).
-        way = [min(1.0, (curve[0] - curve[k]) / (curve[0] / 2)) if k in curve else 1.0 for k in CHECKPOINTS]
-        out.append((fork.family, fork.steps if fork.halved else None, way))
+        first, way_to = curve[0], curve[0] * (1 - pilot.HALT_LEVEL)
+        reached = pilot.steps_to([curve[k] for k in sorted(curve)], first * pilot.HALT_LEVEL)
+        # At a checkpoint the pilot reads the loss there (not the least since: it skips the steps between); a
+        # checkpoint past the curve's end lies past the lowest level, so past the pilot's.
+        way = [min(1.0, (first - curve[k]) / way_to) if k in curve else 1.0 for k in CHECKPOINTS]
+        out.append((fork.family, reached, way))
     return out
 
 
 def early_stop_evidence() -> list[str]:
-    """How far each development task's pilot forks had come toward half their loss at each checkpoint, split
-    by whether they halved within the cap: a checkpoint may stop a fork below the least of the halving forks'
-    fractions there (none of these would have been stopped) and above the most of the others'."""
-    out = ["| task | forks that halved within 16 (step: min [median]) | forks that did not (step: max [median]) |",
-           "| --- | --- | --- |"]
+    """How far each development task's pilot forks had come toward the pilot's level at each checkpoint (the
+    least and the most of the task's forks), and when they got there: a checkpoint's cut must lie above every fork
+    that would not read in time (the CNNs': none of set 1's got there within the cap, some of set 4's at its end)
+    and below every fork that reads early (the MLPs')."""
+    out = [f"| task | forks at {pilot.HALT_LEVEL} x within {pilot.MAX_STEPS} steps (at steps) | "
+           + " | ".join(f"step {k}: min-max" for k in CHECKPOINTS) + " |", "| --- | --- |" + " ---: |" * len(CHECKPOINTS)]
     for name, grid in TASKS.items():
         forks = [f for seed in FAMILY_SEEDS for f in fork_progress(grid_task(grid), seed)]
-        cells = []
-        for halved in (True, False):
-            group = [way for _, steps, way in forks if (steps is not None) is halved]
-            pick = min if halved else max
-            cells.append(f"{len(group)} forks; " + ", ".join(
-                f"{k}: {pick(w[i] for w in group):.0%} [{statistics.median(w[i] for w in group):.0%}]"
-                for i, k in enumerate(CHECKPOINTS)) if group else "none")
-        out.append(f"| {name} | {cells[0]} | {cells[1]} |")
+        steps = [s for _, s, _ in forks if s is not None]
+        reached = f"{len(steps)}/{len(forks)}" + (f" ({min(steps):.1f}-{max(steps):.1f})" if steps else "")
+        out.append(f"| {name} | {reached} | " + " | ".join(
+            f"{min(w[i] for _, _, w in forks):.0%}-{max(w[i] for _, _, w in forks):.0%}"
+            for i in range(len(CHECKPOINTS))) + " |")
     return out
-
-
-HALT_LEVELS = (0.5, 0.6, 0.7, 0.8)  # section 8: fractions of the first probe loss at which the forks could stop
 
 
 def halting_levels() -> list[str]:
@@ -561,8 +564,9 @@ def main() -> None:
          lambda: family_readings(a.results, [PILOT_READING, PAIRED_PILOT_READING] if a.pilot_rows else None)),
         (6, "tta's family pilot: its reading h mapped to the step ratio R = h^exponent",
          lambda: pilot_calibration(a.results)),
-        (7, f"When a pilot fork will not halve its loss: how far it had come by steps {CHECKPOINTS} (seeds "
-            f"{FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork run to {pilot.MAX_STEPS} steps or halving)",
+        (7, f"When a pilot fork will not reach {pilot.HALT_LEVEL} x its first loss: how far it had come by steps "
+            f"{CHECKPOINTS} (seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork run to {pilot.MAX_STEPS} steps "
+            f"or {min(HALT_LEVELS)} x)",
          early_stop_evidence),
         (8, f"Halting at other levels: the pilot's reading h if the forks stopped at {HALT_LEVELS} x the first probe "
             f"loss (seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork read at every step to {pilot.MAX_STEPS})",

@@ -38,7 +38,7 @@ def two_workers(model, batches, probe) -> float | None:
 
 
 @pytest.mark.parametrize("sparse, topk_faster", [(True, True), (False, False)])
-def test_the_pilot_reads_which_family_halves_the_loss_first(sparse, topk_faster):
+def test_the_pilot_reads_which_family_reaches_the_level_first(sparse, topk_faster):
     model, batches, probe = task(10 if sparse else 2, sparse)
     h = two_workers(model, batches, probe)
     assert h is not None and (h < 1) is topk_faster, h
@@ -52,25 +52,25 @@ def test_the_pilot_leaves_the_model_and_its_gradients_as_they_were():
     assert torch.equal(model.weight, before) and torch.equal(model.weight.grad, torch.full_like(before, 0.25))
 
 
-def test_forks_that_never_halve_their_loss_stop_early_count_as_the_cap_and_give_no_reading():
-    """A fork that is not far enough on the way to half its loss at an EARLY_STOPS checkpoint stops there (the
+def test_forks_that_never_reach_the_level_stop_early_count_as_the_cap_and_give_no_reading():
+    """A fork that is not far enough on the way to the level at an EARLY_STOPS checkpoint stops there (the
     CNNs' 16 steps of pilot for nothing cut to 4) and counts as the cap: a bound, never a fast reading."""
     model, batches, probe = task(2, sparse=False)
     fork = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0)
-    assert (fork.steps, fork.halved, fork.spent) == (float(pilot.MAX_STEPS), False, pilot.EARLY_STOPS[0][0])
+    assert (fork.steps, fork.reached, fork.spent) == (float(pilot.MAX_STEPS), False, pilot.EARLY_STOPS[0][0])
     stuck = pilot.run_fork(model, "powersgd", batches, probe, lr=1e-9, momentum=0.0).totals()
     assert pilot.reading([a + b for a, b in zip(fork.totals(), stuck, strict=True)]) is None, "the priors stand"
     assert pilot.reading(fork.totals()) is None, "one family alone (one worker) reads nothing"
-    halved = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9)
-    assert halved.halved and halved.spent < pilot.MAX_STEPS
-    # The stopped TopK fork against a PowerSGD fork that halved: a bound, TopK at least the cap.
-    h = pilot.reading([a + b for a, b in zip(fork.totals(), halved.totals(), strict=True)])
-    assert h == pytest.approx(pilot.MAX_STEPS / halved.steps) and h > 1
+    there = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9)
+    assert there.reached and there.spent < pilot.MAX_STEPS
+    # The stopped TopK fork against a PowerSGD fork that got there: a bound, TopK at least the cap.
+    h = pilot.reading([a + b for a, b in zip(fork.totals(), there.totals(), strict=True)])
+    assert h == pytest.approx(pilot.MAX_STEPS / there.steps) and h > 1
     slow = pilot.run_fork(model, "topk", batches, probe, lr=0.01, momentum=0.0, max_steps=6)
-    assert not slow.halved and slow.spent == 6 and slow.steps == 6.0, "a fork that moves runs on to its cap"
+    assert not slow.reached and slow.spent == 6 and slow.steps == 6.0, "a fork that moves runs on to its cap"
     for step, _ in pilot.EARLY_STOPS:  # every checkpoint stops a fork that has not moved, there
         stuck = pilot.run_fork(model, "topk", batches, probe, lr=1e-9, momentum=0.0, early_stops=[(step, 0.2)])
-        assert stuck.spent == step and stuck.steps == float(pilot.MAX_STEPS) and not stuck.halved
+        assert stuck.spent == step and stuck.steps == float(pilot.MAX_STEPS) and not stuck.reached
     assert pilot.steps_to([4.0, 3.0, 1.0], 2.0) == pytest.approx(1.5)
 
 
@@ -78,17 +78,43 @@ def test_forks_that_never_halve_their_loss_stop_early_count_as_the_cap_and_give_
                                         ("powersgd", 0.01), ("powersgd", 0.5)])
 def test_reading_the_probe_only_at_the_stops_finds_the_same_step_as_reading_it_every_step(family, lr):
     """Until the last early stop the probe is read at the stops only, and the steps between where the loss has
-    halved by the next: the fork reads as if every step were read (here halving at 0.5-14.5 steps: before, between
-    and after the stops), for at most one read more (the stop past the crossing)."""
+    reached the level by the next: the fork reads as if every step were read (here crossing at 0.5-14.5 steps:
+    before, between and after the stops; at the level 0.5 too), for at most one read more (the stop past the
+    crossing)."""
     model, batches, probe = task(2, sparse=False)
-    every: dict[int, float] = {}
-    full = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=(), losses=every)
-    stops = [(4, 0.0), (8, 0.0)]  # stops that never stop a fork: only the reading differs
-    seen: dict[int, float] = {}
-    lazy = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=stops, losses=seen)
-    assert full.halved and (lazy.steps, lazy.halved) == (full.steps, full.halved)
-    assert all(every[step] == pytest.approx(loss) for step, loss in seen.items() if step in every)
-    assert lazy.reads <= full.reads + 1
+    for level in (pilot.HALT_LEVEL, 0.5):
+        every: dict[int, float] = {}
+        full = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=(), losses=every,
+                              level=level)
+        stops = [(4, 0.0), (8, 0.0)]  # stops that never stop a fork: only the reading differs
+        seen: dict[int, float] = {}
+        lazy = pilot.run_fork(model, family, batches, probe, lr=lr, momentum=0.9, early_stops=stops, losses=seen,
+                              level=level)
+        assert full.reached and (lazy.steps, lazy.reached) == (full.steps, full.reached)
+        assert all(every[step] == pytest.approx(loss) for step, loss in seen.items() if step in every)
+        assert lazy.reads <= full.reads + 1
+
+
+@pytest.mark.parametrize("family", ["topk", "powersgd"])
+def test_a_fork_step_applies_what_it_compressed_and_keeps_the_rest(family):
+    """Error feedback in the fork, whose buffers are reused step to step: each step's update plus the new
+    residual is the gradient plus the old residual, TopK's update has DENSITY of the entries, and the velocity
+    and weights move as SGD with momentum would with that update."""
+    model, batches, _ = task(10, sparse=True)
+    fork = pilot._ForkedModel(model, family, seed=0)
+    velocity, weights = torch.zeros(FEATURES * 10), model.weight.detach().flatten().clone()
+    for x, y in batches[:3]:
+        fork.net.zero_grad()
+        torch.nn.functional.cross_entropy(fork.net(x), y).backward()
+        grad, before = fork.net.weight.grad.flatten().clone(), fork.residual.clone()
+        fork.step(x, y, lr=0.5, momentum=0.9)
+        update = fork.update.clone()
+        assert torch.allclose(update + fork.residual, grad + before, atol=1e-7)
+        if family == "topk":
+            assert int((update != 0).sum()) <= int(pilot.DENSITY * grad.numel())
+        velocity = 0.9 * velocity + update
+        weights -= 0.5 * velocity
+        assert torch.allclose(fork.net.weight.detach().flatten(), weights, atol=1e-6)
 
 
 def test_a_fork_stopped_at_the_first_stop_reads_the_probe_twice():

@@ -363,14 +363,14 @@ class TimeToAccuracyController(Policy):
 
     The family pilot (spec: familyPilot; netsense.control.pilot) reads this task's TopK penalty before
     training: R, TopK at 1%'s steps over PowerSGD at rank 4's, from local forks that train until their loss
-    halves. ``read_family_pilot`` scales TopK's step law by
+    falls to 0.8 of its first. ``read_family_pilot`` scales TopK's step law by
 
         topk_scale = R x (1 + lowrank_knee / 4) / step_law_factor(0.01)
 
     so that the two priors' ratio there is R: PowerSGD's prior is kept (its steps over the dense steps
     transfer: 1.04-1.16x at rank 4 on every task measured), and so is the law's shape in d, so d* does not
-    move; what moves is the family (and dense against TopK). Where the forks read nothing (no fork halved
-    its loss), topk_scale stays 1.
+    move; what moves is the family (and dense against TopK). Where the forks read nothing (no fork got
+    there), topk_scale stays 1.
 
     Communication that overlaps the backward pass is not counted as free: on
     CPUs the collectives' own work (TCP, decoding) takes cores from the compute.

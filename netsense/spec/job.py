@@ -45,7 +45,7 @@ MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
 # tta's family pilot: R = reading ^ this (netsense.control.pilot), fitted on the development tasks by
 # testbed/learnability.py (section 6 of testbed/results/learnability.md).
-PILOT_EXPONENT = 2.09
+PILOT_EXPONENT = 1.70
 SIGNAL_MODELS = ("mlp", "cnn1d")  # what takes MNIST-1D's 1-D signals (the others take images)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -354,7 +354,7 @@ COMPRESSION = Union("method", {
                                        default=False),
         "familyPilot": F(Bool(doc="before training, each worker trains a copy of the model alone (even ranks "
                                   "TopK 1% with error feedback, odd ranks PowerSGD rank 4) until its loss on a fixed "
-                                  "batch halves (at most 16 steps), and TopK's step prior is scaled to the steps "
+                                  "batch falls to 0.8 of its first (at most 16 steps), and TopK's step prior is scaled to the steps "
                                   "ratio this reads (R = reading ^ familyPilotExponent): the family is chosen for "
                                   "this task; its time is on the training clock. Needs lowRanks and optimizer sgd; "
                                   "a job of one worker has nothing to choose and runs none"), default=False),
