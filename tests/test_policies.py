@@ -595,12 +595,40 @@ def test_tta_chooses_powersgd_where_its_steps_and_bytes_cost_least_and_leaves_it
     assert not c.lowrank_cost.points, "the first PowerSGD step's one-time costs are not priced"
     c.update(StepMeasurement(wire, wire, wire / bw, 0.2, 1.0, selection_seconds=0.1, elements_sent=8000))
     own = c.lowrank_cost.intercept + 4 * c.lowrank_cost.per_element
-    assert own == pytest.approx(0.1), "one rank measured: all of it per unit of rank"
+    assert own == pytest.approx(0.1) and c.lowrank_cost.per_element == 0, "one rank measured: all of it fixed"
     d = c.decide()
     assert not d.dense and d.rank == 0 and d.fp16, "PowerSGD's measured work made TopK the cheapest"
     plain = tta(n, world, probe_every=1000)  # no lowRanks: TopK and dense only, as before
     plain.update(m(0, 1.0, compute=0.2, wire=bw))
     assert plain.decide().rank == 0
+
+
+def test_tta_tries_a_rank_its_measured_work_does_not_rule_out_and_leaves_it_when_that_rank_costs_more():
+    """PowerSGD's own work measured at one rank prices every rank at it (SelectionCost unfitted="fixed"), not in
+    proportion to the rank: charged per rank, rank 4's work priced rank 8 at twice it and a run that started at
+    rank 4 never tried 8 (dev-halt-set2: each cell kept its first rank). A 4000 x 4000 matrix at 20 Mbit/s, 10 ms
+    of compute, the pilot's R = 4 (TopK out of it): rank 4 first (51 ms of wire against rank 8's 102). With its
+    own work measured at 0.4 s a step, rank 8's fewer steps (1 + 2.3/r) pay for its extra wire: tta tries it, and
+    charged per rank would not have. Rank 8's steps measured at 0.6 s: back to rank 4."""
+    n, world, bw = 16_000_000, 2, 20e6 / 8
+    c = tta(n, world, probe_every=1000, low_ranks={r: ([(4000, 4000)], 0) for r in (4, 8)}, lowrank_knee=2.3)
+    c.update(m(0, 1.0, compute=0.01, wire=bw))
+    c.read_family_pilot(4.0, 0.01, 4)
+    assert c.decide().rank == 4
+
+    def run(rank: int, own: float, steps: int) -> None:
+        wire = dense_allreduce_bytes(rank * 8000, world)  # its P's and Q's
+        for _ in range(steps):
+            c.update(StepMeasurement(wire, wire, wire / bw, 0.01, 1.0, selection_seconds=own, elements_sent=8000))
+
+    run(4, 0.4, 4)  # the first one's one-time costs unpriced
+    rank4, rank8 = (c.predicted_cost(Decision(dense=False, rank=r)) for r in (4, 8))
+    per_rank = c.lowrank_steps_factor(8) * 0.4  # what charging rank 4's work per rank added to rank 8's price
+    assert rank8 < rank4 / 1.05 and rank8 + per_rank > rank4
+    assert c.decide().rank == 8, "rank 8 at rank 4's measured work: cheaper, so tried"
+    run(8, 0.6, 3)
+    assert c.lowrank_cost.per_element == pytest.approx(0.05), "two ranks measured: the line through them"
+    assert c.decide().rank == 4, "rank 8's own measured work made it the dearer"
 
 
 def test_tta_prices_powersgds_wire_from_the_matrices_it_compresses():

@@ -226,11 +226,23 @@ class SelectionCost:
     least-squares line through the last ``window`` (k, seconds) points; while k
     has barely varied the slope cannot be told apart from the intercept, and the
     whole cost is charged per element (an over-estimate: it compresses more).
+
+    ``unfitted="fixed"`` charges it all to the intercept instead, for a cost whose
+    k takes a few values and stays at one unless the price says otherwise:
+    PowerSGD's rank. Charged per rank, rank 4's own work priced rank 8 at twice
+    it, so a run that started at rank 4 never tried rank 8 and one that started
+    at 8 kept it (dev-halt-set2: each cell stayed at its first rank, about half
+    at each, while set 2's measured own work was 7.4 ms at rank 4 and 7.8 at 8).
+    Charged as fixed, an untried rank is priced at the work measured at the
+    tried one: it runs if that wins, and its own measurement then fits the line.
     """
 
-    def __init__(self, window: int = 16, min_spread: float = 0.1):
+    def __init__(self, window: int = 16, min_spread: float = 0.1, unfitted: str = "per_element"):
+        if unfitted not in ("per_element", "fixed"):
+            raise ValueError(f"unfitted {unfitted!r}: per_element or fixed")
         self.points: deque[tuple[float, float]] = deque(maxlen=window)
         self.min_spread = min_spread
+        self.unfitted = unfitted
         self.slope: float | None = None
         self.intercept = 0.0
 
@@ -247,8 +259,8 @@ class SelectionCost:
         if n >= 3 and math.sqrt(var) >= self.min_spread * km:
             cov = sum((k - km) * (t - sm) for k, t in self.points) / n
             self.slope = min(max(0.0, cov / var), sm / km)
-        elif self.slope is None:
-            self.slope = sm / km
+        elif self.slope is None:  # kept once fitted, as the intercept moves with the mean
+            self.slope = sm / km if self.unfitted == "per_element" else 0.0
         self.intercept = max(0.0, sm - self.slope * km)
 
     @property
@@ -432,8 +444,9 @@ class TimeToAccuracyController(Policy):
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
         self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
-        # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured)
-        self.lowrank_cost = SelectionCost()
+        # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured); all
+        # fixed until two ranks have run (SelectionCost: else the first rank run is never left)
+        self.lowrank_cost = SelectionCost(unfitted="fixed")
         # A family's first compressed step pays one-time costs (CUDA loading its kernels, workspaces allocated):
         # on an H200 the first TopK selection took 0.13-0.24 s against ~5 ms after, and priced as every
         # step's cost it kept tta dense for a whole run (no later sparse step could correct it). Not priced.
