@@ -1,0 +1,58 @@
+"""How many more steps one method took than another to the target, paired by seed, and where it fell behind.
+
+    python testbed/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
+
+From the committed tables (testbed/results/<grid>.json, every seed's steps and accuracy curve): the paired
+geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a bootstrap
+95% interval, and per grid the two methods' mean test accuracy at a few steps (evaluations are every other step):
+a ratio above 1 with the gap open from the first evaluations on is a slower start, not a slower rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+
+STEPS = (2, 4, 6, 10, 16, 24, 32)
+
+
+def per_seed(grid: str, method: str) -> dict[tuple[str, int], dict]:
+    """(scenario, seed) -> that cell's run, from the grid's committed table."""
+    rows = json.load(open(os.path.join("testbed", "results", f"{grid}.json")))
+    return {(r["scenario"], s["seed"]): s for r in rows if r["method"] == method for s in r["per_seed"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.json)")
+    ap.add_argument("--ours", default="tta-lowranks-pilot")
+    ap.add_argument("--other", default="powersgd-r8")
+    a = ap.parse_args()
+    logs = []
+    for grid in a.grids:
+        ours, other = per_seed(grid, a.ours), per_seed(grid, a.other)
+        pairs = [(ours[k], other[k]) for k in sorted(ours.keys() & other.keys())]
+        logs += [math.log(x["steps_to_target"] / y["steps_to_target"]) for x, y in pairs
+                 if x["steps_to_target"] and y["steps_to_target"]]
+        means = []
+        for step in STEPS:
+            got = [(dict((s, acc) for s, _, acc in x["accuracy_curve"]).get(step),
+                    dict((s, acc) for s, _, acc in y["accuracy_curve"]).get(step)) for x, y in pairs]
+            got = [(p, q) for p, q in got if p is not None and q is not None]
+            if got:
+                means.append(f"step {step}: {statistics.mean(p for p, _ in got):.3f} / "
+                             f"{statistics.mean(q for _, q in got):.3f}")
+        print(f"{grid} ({len(pairs)} pairs), mean accuracy {a.ours} / {a.other}: " + "; ".join(means))
+    rng = random.Random(0)
+    boot = sorted(math.exp(statistics.mean(rng.choices(logs, k=len(logs)))) for _ in range(4000))
+    print(f"steps {a.ours} / {a.other} (paired geometric mean, {len(logs)} pairs): "
+          f"{math.exp(statistics.mean(logs)):.3f} [{boot[100]:.3f}, {boot[3899]:.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
