@@ -5,12 +5,16 @@
 From the committed tables (testbed/results/<grid>.json, every seed's steps and accuracy curve): the paired
 geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a bootstrap
 95% interval, and per grid the two methods' mean test accuracy at a few steps (evaluations are every other step):
-a ratio above 1 with the gap open from the first evaluations on is a slower start, not a slower rate.
+a ratio above 1 with the gap open from the first evaluations on is a slower start, not a slower rate. With
+``--runs`` (the cells kept locally: runs/final/<grid>/<cell>/timeline.csv) the pairs are also split by the rank
+that ran most of our cells' steps (80% or more; "mixed" otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import csv
 import json
 import math
 import os
@@ -26,18 +30,40 @@ def per_seed(grid: str, method: str) -> dict[tuple[str, int], dict]:
     return {(r["scenario"], s["seed"]): s for r in rows if r["method"] == method for s in r["per_seed"]}
 
 
+def main_rank(runs: str, grid: str, method: str, scenario: str, seed: int) -> str:
+    """The rank that ran 80% or more of a cell's steps ("mixed" otherwise; "-" where the cell is not here)."""
+    path = os.path.join(runs, grid, f"{method}--{scenario}--s{seed}", "timeline.csv")
+    if not os.path.exists(path):
+        return "-"
+    ranks = collections.Counter(row["rank"] for row in csv.DictReader(open(path)))
+    rank, count = ranks.most_common(1)[0]
+    return f"rank {rank}" if rank and count >= 0.8 * sum(ranks.values()) else "mixed"
+
+
+def interval(logs: list[float]) -> str:
+    """The paired geometric mean of exp(logs) with a bootstrap 95% interval."""
+    rng = random.Random(0)
+    boot = sorted(math.exp(statistics.mean(rng.choices(logs, k=len(logs)))) for _ in range(4000))
+    return f"{math.exp(statistics.mean(logs)):.3f} [{boot[100]:.3f}, {boot[3899]:.3f}]"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.json)")
     ap.add_argument("--ours", default="tta-lowranks-pilot")
     ap.add_argument("--other", default="powersgd-r8")
+    ap.add_argument("--runs", help="split the pairs by our cells' main rank, from the cells kept here (runs/final)")
     a = ap.parse_args()
-    logs = []
+    logs, by_rank = [], collections.defaultdict(list)
     for grid in a.grids:
         ours, other = per_seed(grid, a.ours), per_seed(grid, a.other)
         pairs = [(ours[k], other[k]) for k in sorted(ours.keys() & other.keys())]
-        logs += [math.log(x["steps_to_target"] / y["steps_to_target"]) for x, y in pairs
-                 if x["steps_to_target"] and y["steps_to_target"]]
+        for key in sorted(ours.keys() & other.keys()):
+            x, y = ours[key], other[key]
+            if x["steps_to_target"] and y["steps_to_target"]:
+                logs.append(math.log(x["steps_to_target"] / y["steps_to_target"]))
+                if a.runs:
+                    by_rank[main_rank(a.runs, grid, a.ours, *key)].append(logs[-1])
         means = []
         for step in STEPS:
             got = [(dict((s, acc) for s, _, acc in x["accuracy_curve"]).get(step),
@@ -47,10 +73,9 @@ def main() -> int:
                 means.append(f"step {step}: {statistics.mean(p for p, _ in got):.3f} / "
                              f"{statistics.mean(q for _, q in got):.3f}")
         print(f"{grid} ({len(pairs)} pairs), mean accuracy {a.ours} / {a.other}: " + "; ".join(means))
-    rng = random.Random(0)
-    boot = sorted(math.exp(statistics.mean(rng.choices(logs, k=len(logs)))) for _ in range(4000))
-    print(f"steps {a.ours} / {a.other} (paired geometric mean, {len(logs)} pairs): "
-          f"{math.exp(statistics.mean(logs)):.3f} [{boot[100]:.3f}, {boot[3899]:.3f}]")
+    print(f"steps {a.ours} / {a.other} (paired geometric mean, {len(logs)} pairs): {interval(logs)}")
+    for rank, group in sorted(by_rank.items()):
+        print(f"  our cells on {rank}: {interval(group)} ({len(group)} pairs)")
     return 0
 
 
