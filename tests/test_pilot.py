@@ -172,3 +172,78 @@ def test_a_pair_of_workers_forks_on_the_same_batches_and_probe_and_pairs_differ(
     trained = torch.cat([x for b, _ in inputs for x, _ in b]).flatten(1)
     for _, (px, _) in inputs:
         assert not (torch.cdist(px.flatten(1), trained) == 0).any(), "the forks trained on their probe"
+
+
+def _mlp(seed: int = 0) -> torch.nn.Module:
+    """A model with every kind of piece the pilot's PowerSGD fork meets: matrices it compresses, vectors (biases,
+    batch norm's affine) sent whole, and batch norm's running statistics, which no factor carries."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 10))
+
+
+def test_replaying_a_forks_factors_takes_a_model_where_the_fork_went():
+    """pilot.replay: the PowerSGD fork's recorded factors, replayed on a copy of the model it started from, give
+    its weights and momentum bit for bit, and each matrix's last Q (the live run's warm start): what every rank
+    adopts is exactly what the fork trained."""
+    from netsense.compression.lowrank import LowRank
+
+    _, batches, probe = task(10, sparse=True)
+    model = _mlp()
+    fork = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9).trained
+    assert len(fork.factors) >= 2
+    live = _mlp()
+    params = list(live.parameters())
+    lowrank = LowRank()
+    velocity = pilot.replay(params, torch.stack(fork.factors), lowrank, lr=0.5, momentum=0.9)
+    for mine, theirs in zip(params, fork.params, strict=True):
+        assert torch.equal(mine, theirs)
+    assert torch.equal(velocity, fork.velocity)
+    compressed = [(p, q) for p, q in zip(params, fork.params, strict=True) if id(q) in fork.lowrank.qs]
+    assert len(compressed) == len(lowrank.qs) == 1, "the 32 x 2000 matrix (10 x 32 is too small to gain)"
+    assert all(torch.equal(lowrank.qs[id(p)], fork.lowrank.qs[id(q)]) for p, q in compressed)
+
+
+def adoption_run(rank: int, world: int) -> dict:
+    """pilot.run with adoption on a 2-rank world, each rank with the model it starts from and its pair's batches
+    (the same here); rank OWNER also trains the PowerSGD fork alone, as the reference."""
+    from netsense.compression.lowrank import LowRank
+
+    _, batches, probe = task(10, sparse=True)
+    model = _mlp()
+    reference = (pilot.run_fork(_mlp(), "powersgd", batches, probe, lr=0.5, momentum=0.9)
+                 if rank == pilot.OWNER else None)
+    policy = TimeToAccuracyController(sum(p.numel() for p in model.parameters()), world, probe_every=1000,
+                                      low_ranks={4: ([(32, FEATURES)], 32 * 3 + 10 * 33)})
+    out, adoption = pilot.run(policy, model, batches, probe, lr=0.5, momentum=0.9, exponent=1.7,
+                              lowrank=LowRank())
+    def plain(tensors):  # lists: a tensor through the result queue is shared memory gone with its process
+        return [t.detach().flatten().tolist() for t in tensors]
+
+    return {"out": out, "steps": adoption.steps, "weights": plain(model.parameters()),
+            "buffers": plain(b for b in model.buffers() if b.is_floating_point()),
+            "velocity": adoption.velocity.tolist(),
+            "residual": None if adoption.residual is None else adoption.residual.tolist(),
+            "reference": None if reference is None else {
+                "spent": reference.spent, "weights": plain(reference.trained.params),
+                "buffers": plain(b for b in reference.trained.net.buffers() if b.is_floating_point()),
+                "velocity": reference.trained.velocity.tolist(), "residual": reference.trained.residual.tolist()}}
+
+
+@pytest.mark.gloo
+def test_every_rank_adopts_the_owners_powersgd_fork_and_only_the_owner_holds_its_residual():
+    """After the pilot every rank has the PowerSGD fork's weights, batch norm statistics and momentum, bit for bit
+    (DDP never re-syncs weights: ranks that differed would train apart); the fork's steps are the run's first,
+    and its residual is held once (on the owner), not lost and not counted on every rank."""
+    from support.ranks import run_world
+
+    ranks = run_world(adoption_run, 2)
+    ref = ranks[pilot.OWNER]["reference"]
+    for r in ranks:
+        assert r["steps"] == r["out"]["adopted_steps"] == ref["spent"] > 0
+        assert r["weights"] == ref["weights"] and r["buffers"] == ref["buffers"]
+        assert r["velocity"] == ref["velocity"]
+    assert ranks[0]["residual"] is None and ranks[pilot.OWNER]["residual"] == ref["residual"]
+    assert any(ref["residual"]), "rank 4 of a 32 x 2000 matrix leaves a residual"
+    assert ranks[0]["weights"][0] != [float(x) for x in _mlp()[0].weight.detach().flatten()], "the model moved"
+    assert ranks[0]["buffers"][0] != [0.0] * 32, "batch norm's running mean came along"

@@ -103,6 +103,38 @@ class CompressionState(MeasuredState):
         """The (momentum, weight decay) the SGD optimizer should apply: none of either when this hook does."""
         return (0.0, 0.0) if self.momentum is not None else (momentum, weight_decay)
 
+    def adopt(self, params: list[torch.Tensor], velocity: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Go on from PowerSGD steps taken elsewhere (the family pilot's adopted fork: pilot.adopt), before the
+        first step: ``velocity`` their momentum (every rank's the same), ``residual`` what they have not applied
+        yet, in units of the mean gradient (on one rank, None on the others; both flat, in ``params``' order).
+        Each parameter's piece is put where ParameterLayout finds it at the first step. In the units of
+        SharedMomentum's doc, the residual the ranks hold sums to ``world x residual``, so the one that has it
+        holds all of that and the others none:
+
+            shared momentum:      U <- velocity; this step counts as a shared one (no conversion at the first
+                                  step if it is PowerSGD's; SharedMomentum.to_local if it is not)
+            momentum correction:  every rank's u <- velocity; residual <- world x residual / (1 - m)
+                                  (as SharedMomentum.to_local converts it)
+            neither:              the optimizer's momentum: returns False, for the caller to set it
+
+        Without error feedback the residual is dropped, as each of those steps would have dropped it."""
+        sizes = [p.numel() for p in params]
+        if self.shared is not None:
+            self.shared_step = True
+            held = self.shared
+        else:
+            held = self.momentum
+        if held is not None:
+            for p, v in zip(params, velocity.split(sizes), strict=True):
+                held.layout.by_param[id(p)] = v.clone()
+        if residual is not None and self.memory is not None:
+            scale = float(self.world)
+            if self.shared is None and self.momentum is not None:  # a residual of velocities
+                scale /= 1 - self.momentum.momentum
+            for p, e in zip(params, residual.split(sizes), strict=True):
+                self.memory.layout.by_param[id(p)] = e.to(p.device) * scale
+        return held is not None
+
     def finish(self) -> None:
         """End the last step and wait for its measurement agreement: a collective still in flight when the
         process group goes away aborts the process."""

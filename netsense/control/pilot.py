@@ -30,8 +30,14 @@ controller maps it to the ratio of steps to the target as
 
     R = h ** exponent        (spec familyPilotExponent, fitted on the development tasks: learnability.md)
 
-The live model is never touched: the forks are copies; the trainer's optimizer and the hook's state are not
-used. The pilot's time is on the training clock: up to ``MAX_STEPS`` steps of a worker's compute.
+The forks are copies: the live model, the trainer's optimizer and the hook's state are not touched while they
+run. The pilot's time is on the training clock: up to ``MAX_STEPS`` steps of a worker's compute. Most of it is then
+made training (``adopt``): rank ``OWNER``'s PowerSGD fork took real steps of the job's SGD on the job's samples
+(the job's batch a step, without the weight decay), so every rank replays them on the live model from the factors
+that fork applied (each step's P^ and Q per matrix and its vectors whole: on set 2's MLP about 0.09 MB a step, one
+broadcast, against the 6.4 MB of the weights), and the run goes on from the fork's weights, momentum, residual and
+PowerSGD warm start. Sending k steps' factors costs about the wire of the k PowerSGD steps it replaces, which would
+all-reduce as many values, and saves their compute.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -64,6 +70,7 @@ EARLY_STOPS: tuple[tuple[int, float], ...] = ((4, 0.15),)
 # set 2's MLP, a third of the pilot's time. At 256 h's range over seeds 0-9 is as at 512 (set 2 1.48-1.60 against
 # 1.45-1.58, set 3 1.40-1.49 against 1.41-1.49, tuning 1.21-1.26 against 1.20-1.24), at 128 wider (set 3 1.39-1.57).
 PROBE_SAMPLES = 256
+OWNER = 1  # the rank whose PowerSGD fork every rank adopts (the first pair's odd rank)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class Fork:
     reached: bool
     spent: int  # compute steps taken
     reads: int  # probe losses read (each a forward pass of the probe batch)
+    trained: _ForkedModel | None = field(default=None, compare=False, repr=False)  # the fork, as it ended
 
     def totals(self) -> list[float]:
         """This fork's share of the sums the workers add up (see reading)."""
@@ -87,7 +95,7 @@ class Fork:
 def reading(totals: Sequence[float]) -> float | None:
     """h, TopK's mean steps over PowerSGD's, from the summed Fork.totals of every worker; None where a family
     has no fork or no fork reached the level within the cap (no evidence: the priors stand)."""
-    topk_steps, topk_forks, lowrank_steps, lowrank_forks, reached = totals
+    topk_steps, topk_forks, lowrank_steps, lowrank_forks, reached = totals[:5]
     if not topk_forks or not lowrank_forks or not reached:
         return None
     return (topk_steps / topk_forks) / (lowrank_steps / lowrank_forks)
@@ -135,6 +143,7 @@ class _ForkedModel:
         self.generator = torch.Generator().manual_seed(seed)  # TopK's sampled threshold (the exact k largest)
         self.pieces = (LowRank.pieces(self.flat, list(self.flat.split(self.sizes)), self.params, RANK)
                        if family == "powersgd" else [])  # offsets only: they apply to either buffer
+        self.factors: list[torch.Tensor] = []  # PowerSGD: each step's update as factors (what ``adopt`` replays)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, weights: list[torch.Tensor] | None = None) -> float:
         """The probe's loss at the fork's weights now, or at ``weights`` (an earlier step's). In training mode,
@@ -165,6 +174,7 @@ class _ForkedModel:
             first, mats = self.lowrank.first_pass(x, self.pieces, RANK)
             second, hats, vectors = self.lowrank.second_pass(first, mats, self.pieces, RANK)
             self.lowrank.apply(update, x, self.pieces, hats, second, vectors, 1, RANK)  # x <- what it did not send
+            self.factors.append(torch.cat([*(h.reshape(-1) for h in hats), second, vectors]))
         self.flat, self.residual = self.residual, x
         return update
 
@@ -174,10 +184,16 @@ class _ForkedModel:
         self.net.zero_grad()
         F.cross_entropy(self.net(x), y).backward()
         grad = torch.cat([p.grad.flatten() for p in self.params], out=self.flat)
-        self.velocity.mul_(momentum).add_(self.compress(grad))
-        with torch.no_grad():
-            torch._foreach_add_(self.params, [v.view_as(p) for p, v in zip(
-                self.params, self.velocity.split(self.sizes), strict=True)], alpha=-lr)
+        sgd_step(self.params, self.velocity, self.compress(grad), lr, momentum)
+
+
+def sgd_step(params: list[torch.Tensor], velocity: torch.Tensor, update: torch.Tensor, lr: float,
+             momentum: float) -> None:
+    """v <- momentum v + update; p <- p - lr v (``velocity`` and ``update`` flat, in the parameters' order)."""
+    velocity.mul_(momentum).add_(update)
+    with torch.no_grad():
+        torch._foreach_add_(params, [v.view_as(p) for p, v in zip(
+            params, velocity.split([p.numel() for p in params]), strict=True)], alpha=-lr)
 
 
 def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -222,30 +238,105 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
     if losses is not None:
         losses.update(read)
     if crossed is None:  # not there: at least the cap (a fork stopped early was judged unable to get there by then)
-        return Fork(family, float(min(max_steps, len(batches))), False, spent, len(read))
+        return Fork(family, float(min(max_steps, len(batches))), False, spent, len(read), fork)
     steps = steps_to([read[crossed - 1], read[crossed]], goal)
-    return Fork(family, crossed - 1 + steps, True, spent, len(read))
+    return Fork(family, crossed - 1 + steps, True, spent, len(read), fork)
 
 
 def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
         probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, exponent: float, seed: int = 0,
-        group=None) -> dict:
+        group=None, lowrank: LowRank | None = None) -> tuple[dict, Adoption | None]:
     """The pilot on every rank of ``group`` (each calls it with its own batches and its share of the probe
-    samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals,
-    and, where there is a reading, ``policy.read_family_pilot`` (tta's controller: the hook's ``policy``).
-    Returns what it read and spent, for the run's result."""
+    samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals
+    (and of how many steps rank OWNER's fork took), and, where there is a reading, ``policy.read_family_pilot``
+    (tta's controller: the hook's ``policy``). With ``lowrank`` (the hook's compressor) rank OWNER's fork is
+    adopted (``adopt``): ``model`` moves to its weights, ``lowrank`` gets its warm start, and the Adoption says what
+    the optimizer state takes over. Returns what it read and spent, for the run's result, and the Adoption."""
     start = time.perf_counter()
-    fork = run_fork(model, fork_family(dist.get_rank(group)), batches, probe, lr, momentum, seed)
-    totals = torch.tensor(fork.totals(), dtype=torch.float64, device=probe[0].device)
+    me = dist.get_rank(group)
+    fork = run_fork(model, fork_family(me), batches, probe, lr, momentum, seed)
+    adopting = lowrank is not None and dist.get_world_size(group) > OWNER
+    owned = len(fork.trained.factors) if adopting and me == OWNER else 0
+    totals = torch.tensor([*fork.totals(), float(owned)], dtype=torch.float64, device=probe[0].device)
     dist.all_reduce(totals, group=group)
-    h = reading(totals.tolist())
+    summed = totals.tolist()
+    h = reading(summed)
     out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
     if h is not None:
         ratio = calibrated_ratio(h, exponent)
         policy.read_family_pilot(ratio, DENSITY, RANK)
         out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
                "topk_scale": round(policy.topk_scale, 4)}
-    return {**out, "steps": fork.spent, "probe_reads": fork.reads, "seconds": round(time.perf_counter() - start, 3)}
+    steps = int(summed[5])
+    adoption = (adopt(model, fork.trained if me == OWNER else None, steps, lowrank, lr, momentum, group)
+                if adopting and steps else None)
+    return {**out, "steps": fork.spent, "probe_reads": fork.reads, "adopted_steps": steps if adoption else 0,
+            "seconds": round(time.perf_counter() - start, 3)}, adoption
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a run takes over from an adopted fork besides its weights (``adopt``): its steps, and the state its
+    optimizer held (CompressionState.adopt puts it where the live run keeps it)."""
+
+    steps: int
+    velocity: torch.Tensor  # flat, in the parameters' order: the fork's momentum, every rank's the same
+    residual: torch.Tensor | None  # flat: what the fork has not applied yet, in units of the mean gradient
+    # (on rank OWNER; None elsewhere: it is the size of the model, and one rank holding it loses none of it)
+
+
+def factor_size(pieces: list) -> int:
+    """Values one PowerSGD step's factors hold (as _ForkedModel records them): P^ (n x r) and Q (m x r) of each
+    matrix, then the vectors whole."""
+    return sum((p.shape[0] + p.shape[1]) * min(RANK, *p.shape) if p.shape else p.numel for p in pieces)
+
+
+def replay(params: list[torch.Tensor], factors: torch.Tensor, lowrank: LowRank, lr: float,
+           momentum: float) -> torch.Tensor:
+    """Take the PowerSGD steps whose factors are the rows of ``factors`` on ``params`` (sgd_step from zero
+    momentum, the updates rebuilt by LowRank.apply as the fork applied them); returns the velocity.
+    ``lowrank`` keeps the last step's Q of each matrix: the live run's warm start."""
+    sizes = [p.numel() for p in params]
+    velocity = torch.zeros(sum(sizes), device=factors.device)
+    update = torch.zeros_like(velocity)
+    pieces = LowRank.pieces(update, list(update.split(sizes)), params, RANK)
+    matrices = [p for p in pieces if p.shape is not None]
+    widths = [p.shape[0] * min(RANK, *p.shape) for p in matrices]  # each P^'s values
+    q_values = sum(p.shape[1] * min(RANK, *p.shape) for p in matrices)
+    for row in factors:
+        hats = [h.view(p.shape[0], -1) for p, h in zip(matrices, row[:sum(widths)].split(widths), strict=True)]
+        q_sum, vectors = row[sum(widths):sum(widths) + q_values], row[sum(widths) + q_values:]
+        lowrank.apply(update, None, pieces, hats, q_sum, vectors, 1, RANK)
+        sgd_step(params, velocity, update, lr, momentum)
+    return velocity
+
+
+def adopt(model: torch.nn.Module, fork: _ForkedModel | None, steps: int, lowrank: LowRank, lr: float,
+          momentum: float, group=None) -> Adoption:
+    """Every rank of ``group`` takes rank OWNER's PowerSGD fork (``fork`` there, None elsewhere) as the first
+    ``steps`` steps of training: one broadcast of its factors (and of its floating buffers, batch norm's running
+    statistics, which factors do not carry), replayed on ``model`` (``replay``). The ranks end with the same
+    weights, bit for bit: each replays the same values by the same code, the owner too."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    device = params[0].device
+    sizes = [p.numel() for p in params]
+    width = factor_size(LowRank.pieces(torch.empty(sum(sizes)), list(torch.empty(sum(sizes)).split(sizes)), params,
+                                       RANK))
+    count = steps * width + sum(b.numel() for b in buffers)
+    if fork is not None:
+        sent = torch.cat([*fork.factors, *(b.detach().reshape(-1) for b in fork.net.buffers()
+                                          if b.is_floating_point())]).to(device)
+    else:
+        sent = torch.empty(count, device=device)
+    if sent.numel() != count:
+        raise RuntimeError(f"the pilot's fork sends {sent.numel()} values, the ranks expect {count}")
+    dist.broadcast(sent, OWNER if group is None else dist.get_global_rank(group, OWNER), group=group)
+    with torch.no_grad():
+        for b, value in zip(buffers, sent[steps * width:].split([b.numel() for b in buffers]), strict=True):
+            b.copy_(value.view_as(b))
+    velocity = replay(params, sent[:steps * width].view(steps, width), lowrank, lr, momentum)
+    return Adoption(steps, velocity, fork.residual.clone() if fork is not None else None)
 
 
 def calibrated_ratio(reading: float, exponent: float) -> float:

@@ -274,12 +274,20 @@ class Trainer:
     def family_pilot(self) -> dict:
         """tta's family pilot (netsense.control.pilot.run) on the first batches of its pair's shard and the
         pair's share of a fixed probe batch (both ranks of a pair the same: pilot.pair_leader). On the training
-        clock: its time is part of the time to accuracy."""
+        clock: its time is part of the time to accuracy. Its PowerSGD fork's steps become the run's first steps
+        (pilot.adopt): the model, the hook's state and the optimizer's go on from them."""
         batches, probe = pilot_inputs(self.data, self.t["batchSize"], self.rank, self.world, self.t["seed"])
         moved = [(x.to(self.device), y.to(self.device)) for x, y in batches]
-        out = pilot.run(self.hook.policy, self.model.module, moved, (probe[0].to(self.device), probe[1].to(self.device)),
-                        self.t["lr"], self.t["momentum"], self.job.compression["familyPilotExponent"],
-                        seed=self.t["seed"])
+        out, adoption = pilot.run(self.hook.policy, self.model.module, moved,
+                                  (probe[0].to(self.device), probe[1].to(self.device)), self.t["lr"],
+                                  self.t["momentum"], self.job.compression["familyPilotExponent"],
+                                  seed=self.t["seed"], lowrank=self.hook.lowrank)
+        if adoption is not None:
+            params = [p for p in self.model.module.parameters() if p.requires_grad]
+            if not self.hook.adopt(params, adoption.velocity, adoption.residual):
+                for p, v in zip(params, adoption.velocity.split([p.numel() for p in params]), strict=True):
+                    self.opt.state[p]["momentum_buffer"] = v.view_as(p).clone()
+            self.state.step += adoption.steps
         if self.rank == 0:
             emit("pilot", **out)
         return out
