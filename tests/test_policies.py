@@ -742,3 +742,19 @@ def test_tta_prices_each_option_at_what_its_step_takes_one_fixed_time_a_collecti
     assert c.predicted_cost(lowrank) / c.lowrank_steps_factor(4) == pytest.approx(busy(lowrank)[2], rel=0.05)
     # dense's 4 MB within the bandwidth estimate's error (444 Mbit/s read here: its samples' L is a lower quartile)
     assert c.predicted_cost(Decision()) == pytest.approx(busy(Decision())[2], rel=0.12)
+
+
+def test_after_adopted_powersgd_steps_the_first_step_goes_on_with_their_rank_where_it_is_small():
+    """A run that starts from the family pilot's adopted PowerSGD fork (rank 4) measures with a PowerSGD step
+    at that rank (a TopK probe would train a step on PowerSGD's residual), where it sends at most twice
+    FIRST_BYTES; a model whose rank-4 factors are larger keeps the small TopK probe, and so does a run that
+    adopted nothing."""
+    small = {r: ([(1000, 1000)], 0) for r in (2, 4)}  # rank 4: 32 kB a step
+    c = tta(1_000_000, 2, low_ranks=small)
+    assert c.first().rank == 0 and not c.first().dense, "nothing adopted: the TopK probe"
+    c.adopted(4)
+    assert c.first() == Decision(dense=False, rank=4) and c.probing
+    large = {4: ([(20_000, 20_000)], 0)}  # rank 4: 640 kB a step
+    big = tta(400_000_000, 2, low_ranks=large)
+    big.adopted(4)
+    assert big.first() == tta(400_000_000, 2, low_ranks=large).first(), "the TopK probe, as without adopting"

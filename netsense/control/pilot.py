@@ -37,7 +37,8 @@ made training (``adopt``): rank ``OWNER``'s PowerSGD fork took real steps of the
 that fork applied (each step's P^ and Q per matrix and its vectors whole: on set 2's MLP about 0.09 MB a step, one
 broadcast, against the 6.4 MB of the weights), and the run goes on from the fork's weights, momentum, residual and
 PowerSGD warm start. Sending k steps' factors costs about the wire of the k PowerSGD steps it replaces, which would
-all-reduce as many values, and saves their compute.
+all-reduce as many values, and saves their compute. The PowerSGD fork usually reaches the level first (set 2's MLP:
+5 steps against TopK's 8); until the TopK forks are done it trains on (no probe read), so the wait is training too.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Fork:
 def reading(totals: Sequence[float]) -> float | None:
     """h, TopK's mean steps over PowerSGD's, from the summed Fork.totals of every worker; None where a family
     has no fork or no fork reached the level within the cap (no evidence: the priors stand)."""
-    topk_steps, topk_forks, lowrank_steps, lowrank_forks, reached = totals[:5]
+    topk_steps, topk_forks, lowrank_steps, lowrank_forks, reached = totals
     if not topk_forks or not lowrank_forks or not reached:
         return None
     return (topk_steps / topk_forks) / (lowrank_steps / lowrank_forks)
@@ -247,30 +248,41 @@ def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, to
         probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, exponent: float, seed: int = 0,
         group=None, lowrank: LowRank | None = None) -> tuple[dict, Adoption | None]:
     """The pilot on every rank of ``group`` (each calls it with its own batches and its share of the probe
-    samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals
-    (and of how many steps rank OWNER's fork took), and, where there is a reading, ``policy.read_family_pilot``
-    (tta's controller: the hook's ``policy``). With ``lowrank`` (the hook's compressor) rank OWNER's fork is
-    adopted (``adopt``): ``model`` moves to its weights, ``lowrank`` gets its warm start, and the Adoption says what
-    the optimizer state takes over. Returns what it read and spent, for the run's result, and the Adoption."""
+    samples; ``model`` the DDP model's module): this rank's family's fork, one all_reduce of the forks' totals,
+    and, where there is a reading, ``policy.read_family_pilot`` (tta's controller: the hook's ``policy``). With
+    ``lowrank`` (the hook's compressor) rank OWNER's fork trains on until that all_reduce is done and is adopted
+    (``adopt``): ``model`` moves to its weights, ``lowrank`` gets its warm start, the policy starts from its rank
+    (``adopted``), and the Adoption says what the optimizer state takes over. Returns what it read and spent,
+    for the run's result, and the Adoption."""
     start = time.perf_counter()
     me = dist.get_rank(group)
     fork = run_fork(model, fork_family(me), batches, probe, lr, momentum, seed)
     adopting = lowrank is not None and dist.get_world_size(group) > OWNER
-    owned = len(fork.trained.factors) if adopting and me == OWNER else 0
-    totals = torch.tensor([*fork.totals(), float(owned)], dtype=torch.float64, device=probe[0].device)
-    dist.all_reduce(totals, group=group)
-    summed = totals.tolist()
-    h = reading(summed)
+    totals = torch.tensor(fork.totals(), dtype=torch.float64, device=probe[0].device)
+    if adopting and me == OWNER:
+        # The PowerSGD fork is usually there first (set 2: 5 steps against TopK's 8): while the other forks run
+        # it trains on, and each step it takes is one the run does not (on this rank's idle time; a step here
+        # is a third of a live step's time on set 2 at 500 Mbit/s, with no collective in it).
+        pending = dist.all_reduce(totals, group=group, async_op=True)
+        for x, y in batches[fork.spent:]:
+            if pending.is_completed():
+                break
+            fork.trained.step(x, y, lr, momentum)
+        pending.wait()
+    else:
+        dist.all_reduce(totals, group=group)
+    h = reading(totals.tolist())
     out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
     if h is not None:
         ratio = calibrated_ratio(h, exponent)
         policy.read_family_pilot(ratio, DENSITY, RANK)
         out = {"reading": round(h, 4), "topk_over_lowrank_steps": round(ratio, 4),
                "topk_scale": round(policy.topk_scale, 4)}
-    steps = int(summed[5])
-    adoption = (adopt(model, fork.trained if me == OWNER else None, steps, lowrank, lr, momentum, group)
-                if adopting and steps else None)
-    return {**out, "steps": fork.spent, "probe_reads": fork.reads, "adopted_steps": steps if adoption else 0,
+    adoption = adopt(model, fork.trained if me == OWNER else None, lowrank, lr, momentum, group) if adopting else None
+    if adoption is not None:
+        policy.adopted(RANK)
+    return {**out, "steps": fork.spent, "probe_reads": fork.reads,
+            "adopted_steps": adoption.steps if adoption else 0,
             "seconds": round(time.perf_counter() - start, 3)}, adoption
 
 
@@ -311,27 +323,34 @@ def replay(params: list[torch.Tensor], factors: torch.Tensor, lowrank: LowRank, 
     return velocity
 
 
-def adopt(model: torch.nn.Module, fork: _ForkedModel | None, steps: int, lowrank: LowRank, lr: float,
-          momentum: float, group=None) -> Adoption:
+def adopt(model: torch.nn.Module, fork: _ForkedModel | None, lowrank: LowRank, lr: float, momentum: float,
+          group=None) -> Adoption | None:
     """Every rank of ``group`` takes rank OWNER's PowerSGD fork (``fork`` there, None elsewhere) as the first
-    ``steps`` steps of training: one broadcast of its factors (and of its floating buffers, batch norm's running
-    statistics, which factors do not carry), replayed on ``model`` (``replay``). The ranks end with the same
-    weights, bit for bit: each replays the same values by the same code, the owner too."""
+    steps of training: one broadcast of how many steps it took, one of their factors (and of its floating
+    buffers, batch norm's running statistics, which factors do not carry), replayed on ``model`` (``replay``).
+    The ranks end with the same weights, bit for bit: each replays the same values by the same code, the owner
+    too. None where the fork took no step."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     device = params[0].device
+    source = OWNER if group is None else dist.get_global_rank(group, OWNER)
+    count = torch.tensor([len(fork.factors) if fork is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(count, source, group=group)
+    steps = int(count.item())
+    if not steps:
+        return None
     sizes = [p.numel() for p in params]
-    width = factor_size(LowRank.pieces(torch.empty(sum(sizes)), list(torch.empty(sum(sizes)).split(sizes)), params,
-                                       RANK))
-    count = steps * width + sum(b.numel() for b in buffers)
+    flat = torch.empty(sum(sizes))
+    width = factor_size(LowRank.pieces(flat, list(flat.split(sizes)), params, RANK))
+    values = steps * width + sum(b.numel() for b in buffers)
     if fork is not None:
         sent = torch.cat([*fork.factors, *(b.detach().reshape(-1) for b in fork.net.buffers()
                                           if b.is_floating_point())]).to(device)
+        if sent.numel() != values:
+            raise RuntimeError(f"the pilot's fork sends {sent.numel()} values, the ranks expect {values}")
     else:
-        sent = torch.empty(count, device=device)
-    if sent.numel() != count:
-        raise RuntimeError(f"the pilot's fork sends {sent.numel()} values, the ranks expect {count}")
-    dist.broadcast(sent, OWNER if group is None else dist.get_global_rank(group, OWNER), group=group)
+        sent = torch.empty(values, device=device)
+    dist.broadcast(sent, source, group=group)
     with torch.no_grad():
         for b, value in zip(buffers, sent[steps * width:].split([b.numel() for b in buffers]), strict=True):
             b.copy_(value.view_as(b))

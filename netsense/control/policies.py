@@ -444,6 +444,7 @@ class TimeToAccuracyController(Policy):
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
         self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
+        self.start_rank = 0  # PowerSGD's rank of the steps the run has already taken (adopted), else 0: first()
         # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured); all
         # fixed until two ranks have run (SelectionCost: else the first rank run is never left)
         self.lowrank_cost = SelectionCost(unfitted="fixed")
@@ -531,6 +532,11 @@ class TimeToAccuracyController(Policy):
         moves, not the density TopK would run at."""
         self.topk_scale = ratio * self.lowrank_steps_factor(rank) / self.step_law_factor(density)
 
+    def adopted(self, rank: int) -> None:
+        """The run's first steps were PowerSGD at ``rank``, taken before this controller measured anything (the
+        family pilot's fork, adopted: netsense.control.pilot.adopt): its first step goes on with them (first())."""
+        self.start_rank = rank
+
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
         fixed = self.compute_s + self.selection.intercept + self.sensor.fixed
@@ -586,11 +592,19 @@ class TimeToAccuracyController(Policy):
         where the whole model is smaller than that. It measures the compute time and a first, often
         app-limited, bandwidth; probes then double (BBR's startup) while the estimate keeps rising by more
         than a quarter. A dense first step would cost the whole model on the wire before anything is known:
-        36 s for ResNet18 at 10 Mbit/s."""
+        36 s for ResNet18 at 10 Mbit/s. Where the run has already taken PowerSGD steps (``adopted``) it is a
+        PowerSGD step at their rank instead, if that sends at most twice ``FIRST_BYTES`` (0.1 s at 10 Mbit/s):
+        it measures the same, and a TopK step between PowerSGD's would train on PowerSGD's residual and move the
+        momentum to TopK's and back (SharedMomentum) for a step of 64 kB."""
+        self.probing = True
+        if self.start_rank in self.low_ranks:
+            matrices, whole = self.low_ranks[self.start_rank]
+            if lowrank_allreduce_bytes(matrices, whole, self.start_rank, self.world) <= 2 * self.FIRST_BYTES:
+                self.last = Decision(dense=False, rank=self.start_rank)
+                return self.last
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         k = max(1, math.ceil(self.FIRST_BYTES / per_element))
         density = min(1.0, max(self.min_density, k / self.numel))
-        self.probing = True
         if sparse_allgather_bytes(math.ceil(density * self.numel), self.world, self.fp16) >= dense_allreduce_bytes(
                 self.numel, self.world, fp16=self.fp16):
             self.last = Decision(fp16=self.fp16)
