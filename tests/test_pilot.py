@@ -190,7 +190,7 @@ def test_replaying_a_forks_factors_takes_a_model_where_the_fork_went():
 
     _, batches, probe = task(10, sparse=True)
     model = _mlp()
-    fork = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9).trained
+    fork = pilot.run_fork(model, "powersgd", batches, probe, lr=0.5, momentum=0.9, keep=True).trained
     assert len(fork.factors) >= 2
     live = _mlp()
     params = list(live.parameters())
@@ -218,7 +218,7 @@ def adoption_run(rank: int, world: int) -> dict:
                               lowrank=LowRank())
     reference = None
     if rank == pilot.OWNER:
-        reference = pilot.run_fork(_mlp(), "powersgd", batches, probe, lr=0.5, momentum=0.9)
+        reference = pilot.run_fork(_mlp(), "powersgd", batches, probe, lr=0.5, momentum=0.9, keep=True)
         for x, y in batches[reference.spent:adoption.steps]:  # the steps it took while the TopK fork ran
             reference.trained.step(x, y, lr=0.5, momentum=0.9)
 

@@ -200,7 +200,8 @@ def sgd_step(params: list[torch.Tensor], velocity: torch.Tensor, update: torch.T
 def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
              probe: tuple[torch.Tensor, torch.Tensor], lr: float, momentum: float, seed: int = 0,
              max_steps: int = MAX_STEPS, losses: dict[int, float] | None = None,
-             early_stops: Sequence[tuple[int, float]] = EARLY_STOPS, level: float = HALT_LEVEL) -> Fork:
+             early_stops: Sequence[tuple[int, float]] = EARLY_STOPS, level: float = HALT_LEVEL,
+             keep: bool = False) -> Fork:
     """A copy of ``model`` trained by ``family`` on ``batches`` until its loss on ``probe`` first falls to
     ``level`` x the loss it started from (at most ``max_steps``; earlier where ``early_stops`` judges it too slow).
 
@@ -208,7 +209,8 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
     read only where the loss has reached the level by the next stop, to find the first step there. So a fork that
     gets there reads as if every step were read, and one stopped at the first stop reads the probe twice, not five
     times (the probe's forward passes were half of the pilot's 0.45-0.58 s on set 4's CNN). ``losses`` (where
-    given) gets every probe loss read, by step."""
+    given) gets every probe loss read, by step; with ``keep`` the Fork holds the trained copy (``trained``: what
+    ``adopt`` sends), else it is dropped (a model's worth of memory a fork)."""
     fork = _ForkedModel(model, family, seed)
     read = {0: fork.loss(*probe)}
     goal = read[0] * level
@@ -239,9 +241,9 @@ def run_fork(model: torch.nn.Module, family: str, batches: Sequence[tuple[torch.
     if losses is not None:
         losses.update(read)
     if crossed is None:  # not there: at least the cap (a fork stopped early was judged unable to get there by then)
-        return Fork(family, float(min(max_steps, len(batches))), False, spent, len(read), fork)
+        return Fork(family, float(min(max_steps, len(batches))), False, spent, len(read), fork if keep else None)
     steps = steps_to([read[crossed - 1], read[crossed]], goal)
-    return Fork(family, crossed - 1 + steps, True, spent, len(read), fork)
+    return Fork(family, crossed - 1 + steps, True, spent, len(read), fork if keep else None)
 
 
 def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -256,13 +258,13 @@ def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, to
     for the run's result, and the Adoption."""
     start = time.perf_counter()
     me = dist.get_rank(group)
-    fork = run_fork(model, fork_family(me), batches, probe, lr, momentum, seed)
     adopting = lowrank is not None and dist.get_world_size(group) > OWNER
+    fork = run_fork(model, fork_family(me), batches, probe, lr, momentum, seed, keep=adopting and me == OWNER)
     totals = torch.tensor(fork.totals(), dtype=torch.float64, device=probe[0].device)
     if adopting and me == OWNER:
         # The PowerSGD fork is usually there first (set 2: 5 steps against TopK's 8): while the other forks run
         # it trains on, and each step it takes is one the run does not (on this rank's idle time; a step here
-        # is a third of a live step's time on set 2 at 500 Mbit/s, with no collective in it).
+        # takes about half a live step's time on set 2 at 500 Mbit/s, 14 against 28 ms: no collective in it).
         pending = dist.all_reduce(totals, group=group, async_op=True)
         for x, y in batches[fork.spent:]:
             if pending.is_completed():
