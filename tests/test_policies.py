@@ -8,7 +8,6 @@ import statistics
 
 import pytest
 
-from netsense.compression.lowrank import layout
 from netsense.control.policies import (
     Decision,
     DelayDriven,
@@ -759,36 +758,3 @@ def test_after_adopted_powersgd_steps_the_first_step_goes_on_with_their_rank_whe
     big = tta(400_000_000, 2, low_ranks=large)
     big.adopted(4)
     assert big.first() == tta(400_000_000, 2, low_ranks=large).first(), "the TopK probe, as without adopting"
-
-
-def _after_a_probe_that_found_more(low_ranks: dict, first_only: bool = False) -> TimeToAccuracyController:
-    """tta on set 2's MLP (lowRanks 1-8, the pilot's reading 1.9: TopK priced out where PowerSGD runs), after
-    steady 0.2 MB steps read at 100 Mbit/s and a 2 MB probe that measured 300 Mbit/s; or after its first step
-    alone."""
-    shapes = [(512, 3072), (512,), (512, 512), (512,), (10, 512), (10,)]
-    c = tta(sum(math.prod(s) for s in shapes), 2, probe_every=1000,
-            low_ranks={r: layout(shapes, r) for r in low_ranks})
-    if low_ranks:
-        c.read_family_pilot(1.9, 0.01, 4)
-    for _ in range(1 if first_only else 5):
-        c.decide()
-        c.update(StepMeasurement(2e5, 2e5, 0.002 + 2e5 / (100 * MBIT), 0.012, 1.0, 0.004, 0))
-    if not first_only:
-        c.probing = True
-        c.update(StepMeasurement(2e6, 2e6, 0.002 + 2e6 / (300 * MBIT), 0.012, 1.0, 0.004, 0))
-    return c
-
-
-def test_a_startup_probe_that_settles_a_powersgd_rank_is_not_followed_by_a_larger_one():
-    """The startup doubles its probes while they find more; once a measuring probe's estimate chooses PowerSGD at
-    a rank that twice the estimate would choose too, another doubling reads nothing the decision uses: no
-    larger probe follows (on set 2 the last two, up to 3.7 MB, cost ~0.1 s). TopK's density moves with the
-    bandwidth, so its startup goes on; and a first sample (64-86 kB, the fixed time's) never settles anything."""
-    powersgd = _after_a_probe_that_found_more((1, 2, 4, 8))
-    assert powersgd.sensor.last_sample == "measure" and powersgd.sensor.bandwidth > 250 * MBIT
-    assert powersgd.choose().rank == 8 == powersgd.choose(2 * powersgd.sensor.bandwidth).rank
-    assert not powersgd.reprobe and powersgd.probe_scale == 1.0
-    topk = _after_a_probe_that_found_more(())
-    assert topk.sensor.last_sample == "measure" and topk.reprobe and topk.probe_scale == 2.0
-    first = _after_a_probe_that_found_more((1, 2, 4, 8), first_only=True)
-    assert first.reprobe, "the startup follows the first step"

@@ -476,10 +476,11 @@ class TimeToAccuracyController(Policy):
         self.sensor.observe(m.wire_bytes, m.comm_seconds, rounds=2 if lowrank else 1)  # PowerSGD: two in a row
         # After the first step's small probe (first()) its sample "found more": the startup probes follow it,
         # doubling while they do.
-        found = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
+        self.reprobe = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
         self.since_probe = 1 if self.probing else self.since_probe + 1  # a probe's own step counts
         if self.probing:
-            self.quiet_probes = 0 if found else self.quiet_probes + 1
+            self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
+            self.quiet_probes = 0 if self.reprobe else self.quiet_probes + 1
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
         family = "lowrank" if lowrank else "topk"  # PowerSGD's cost is its own
@@ -496,9 +497,6 @@ class TimeToAccuracyController(Policy):
             self._lost = (1 - w) * self._lost + w * (m.progress_dense - m.progress_made)
             self._kept = (1 - w) * self._kept + w * m.progress_made / m.progress_density
             self.knee_updates += 1
-        self.reprobe = found and not self.settled()  # with this step's costs: the decision they give is asked
-        if self.probing:
-            self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
 
     @property
     def knee(self) -> float:
@@ -509,8 +507,8 @@ class TimeToAccuracyController(Policy):
         low, high = self.KNEE_RANGE
         return min(high, max(low, self._lost / self._kept))
 
-    def _wire_per_element(self, bandwidth: float | None = None) -> float:
-        return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / (bandwidth or self.sensor.bandwidth)
+    def _wire_per_element(self) -> float:
+        return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
 
     def step_law_factor(self, density: float) -> float:
         """TopK's steps at this density over the dense steps, by the step law alone."""
@@ -539,20 +537,18 @@ class TimeToAccuracyController(Policy):
         family pilot's fork, adopted: netsense.control.pilot.adopt): its first step goes on with them (first())."""
         self.start_rank = rank
 
-    def sparse_density(self, bandwidth: float | None = None) -> float:
-        """d*, the density minimizing the predicted time to accuracy (before clamping and probing), at the
-        estimated bandwidth or at ``bandwidth``."""
+    def sparse_density(self) -> float:
+        """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
         fixed = self.compute_s + self.selection.intercept + self.sensor.fixed
-        per_density = self.numel * (self._wire_per_element(bandwidth) + self.selection.per_element)
+        per_density = self.numel * (self._wire_per_element() + self.selection.per_element)
         if self.step_law == "power":
             q = self.density_exponent
             return q / (1 - q) * fixed / per_density
         return math.sqrt(self.knee * fixed / per_density)
 
-    def predicted_cost(self, d: Decision, bandwidth: float | None = None) -> float:
-        """Seconds of training per dense step's worth of progress under decision d (at the estimated bandwidth,
-        or at ``bandwidth``)."""
-        bw = bandwidth or self.sensor.bandwidth
+    def predicted_cost(self, d: Decision) -> float:
+        """Seconds of training per dense step's worth of progress under decision d."""
+        bw = self.sensor.bandwidth
         if d.dense:
             return self.compute_s + self.sensor.fixed + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
         if d.rank:
@@ -573,41 +569,23 @@ class TimeToAccuracyController(Policy):
             return self.last
         if self.sensor.bandwidth == 0 or self.compute_s == 0:
             return self.first()
-        self.last = self.choose()
-        self.kind = (self.last.dense, self.last.fp16, self.last.rank)  # a probe below does not change it
-        self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
-        if self.probing:
-            self.last = self.lowrank_probe(self.last.rank) if self.last.rank else self.probe(self.last.density)
-        return self.last
-
-    def choose(self, bandwidth: float | None = None) -> Decision:
-        """The option of least predicted cost at the estimated bandwidth (or at ``bandwidth``), before probing.
-        Within the model's error of the cheapest: the kind chosen last (no flapping on noise), else the least
-        compression (the more faithful gradient; fp32 over fp16 when neither costs much)."""
-        density = min(1.0, max(self.min_density, self.sparse_density(bandwidth)))
+        density = min(1.0, max(self.min_density, self.sparse_density()))
         options = [Decision(), Decision(fp16=True)] if self.fp16 else [Decision()]
         sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=self.fp16)
         if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16):
             options.append(Decision(density=density, fp16=self.fp16, dense=False))
         options += [Decision(dense=False, rank=r) for r in self.low_ranks]
-        costs = [self.predicted_cost(o, bandwidth) for o in options]
+        costs = [self.predicted_cost(o) for o in options]
+        # Within the model's error of the cheapest: the kind chosen last (no flapping on noise), else
+        # the least compression (the more faithful gradient; fp32 over fp16 when neither costs much).
         near = [o for o, c in zip(options, costs, strict=True) if c <= (1 + self.TOLERANCE) * min(costs)]
         kept = [o for o in near if (o.dense, o.fp16, o.rank) == self.kind]
-        return (kept or near)[0]
-
-    def settled(self) -> bool:
-        """Whether a probe that found more need not be followed by a larger one at once: its sample measured the
-        link (not app-limited: the sensor's own test), the decision is PowerSGD at a rank or dense, and twice
-        the new estimate would choose the same. A discrete option is the same at any bandwidth between its
-        break-even points, so another doubling reads nothing the decision uses (on set 2's MLP at 500 Mbit/s
-        rank 8 stays the choice up to ~1.3 Gbit/s, and the startup's last two probes, 2.75 and 3.7 MB, cost
-        ~0.1 s). TopK's density moves with every bandwidth, and an app-limited sample's estimate may be far
-        below the link (87-110 Mbit/s on set 2's 500 Mbit/s link early on): those go on doubling as before. The
-        periodic probes go on either way."""
-        if self.sensor.last_sample != "measure" or not self.sensor.steps:  # the first sample is "measure" too:
-            return False                                                  # nothing to compare it with
-        now = self.choose()
-        return (now.dense or bool(now.rank)) and self.choose(2 * self.sensor.bandwidth) == now
+        self.last = (kept or near)[0]
+        self.kind = (self.last.dense, self.last.fp16, self.last.rank)  # a probe below does not change it
+        self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
+        if self.probing:
+            self.last = self.lowrank_probe(self.last.rank) if self.last.rank else self.probe(density)
+        return self.last
 
     def first(self) -> Decision:
         """Step 0, before anything is measured: a probe of ``FIRST_BYTES`` a rank (sparse fp16), or dense fp16
