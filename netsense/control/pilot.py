@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from netsense.compression.lowrank import LowRank
+from netsense.compression.lowrank import LowRank, layout
 from netsense.compression.selection import Workspace, topk_indices
 
 DENSITY = 0.01  # TopK's density in the pilot (the operating point of the measured ratios)
@@ -299,10 +299,11 @@ class Adoption:
     # (on rank OWNER; None elsewhere: it is the size of the model, and one rank holding it loses none of it)
 
 
-def factor_size(pieces: list) -> int:
-    """Values one PowerSGD step's factors hold (as _ForkedModel records them): P^ (n x r) and Q (m x r) of each
-    matrix, then the vectors whole."""
-    return sum((p.shape[0] + p.shape[1]) * min(RANK, *p.shape) if p.shape else p.numel for p in pieces)
+def factor_size(params: list[torch.Tensor]) -> int:
+    """Values one PowerSGD step's factors hold for these parameters (as _ForkedModel records them): P^ (n x r)
+    and Q (m x r) of each matrix, then the vectors whole."""
+    matrices, whole = layout([tuple(p.shape) for p in params], RANK)
+    return sum((n + m) * min(RANK, n, m) for n, m in matrices) + whole
 
 
 def replay(params: list[torch.Tensor], factors: torch.Tensor, lowrank: LowRank, lr: float,
@@ -341,9 +342,7 @@ def adopt(model: torch.nn.Module, fork: _ForkedModel | None, lowrank: LowRank, l
     steps = int(count.item())
     if not steps:
         return None
-    sizes = [p.numel() for p in params]
-    flat = torch.empty(sum(sizes))
-    width = factor_size(LowRank.pieces(flat, list(flat.split(sizes)), params, RANK))
+    width = factor_size(params)
     values = steps * width + sum(b.numel() for b in buffers)
     if fork is not None:
         sent = torch.cat([*fork.factors, *(b.detach().reshape(-1) for b in fork.net.buffers()
