@@ -15,11 +15,13 @@ has the answer: a delivery-rate sample measures the link only when the sender
 had enough data in flight to fill it; an *application-limited* sample may raise
 the estimate, never lower it. Here (``LinkEstimator``):
 
-- L is what the model leaves over, ``t - D/B``, over recent steps: its median
-  says how long a typical step's fixed part is, its lower quartile how short
-  one can be (it varies 5-25 ms here: two workers on two shared cores launch
-  their collectives milliseconds apart). Until three steps have told it, a
-  sample can only raise the estimate;
+- L is what the model leaves over, ``t - D/B``, over recent steps (those
+  whose transfer is under half their time, where three are: of a step
+  that was mostly transfer it leaves a small difference of large numbers):
+  its median says how long a typical step's fixed part is, its lower quartile
+  how short one can be (it varies 5-25 ms here: two workers on two shared
+  cores launch their collectives milliseconds apart). Until three steps have
+  told it, a sample can only raise the estimate;
 - a step is app-limited when its payload would cross the estimated link in
   less than ``fill`` x the median L: its D/t says more about L than about B;
 - a measuring step's sample is ``D / (t - L_low)``, the lower quartile taken
@@ -31,6 +33,11 @@ the estimate, never lower it. Here (``LinkEstimator``):
   whose busy time is over twice what the model predicts (L + D/B), app-limited
   or not, replace the estimate with the rate they imply, D / (t - L). One slow
   app-limited step (a rank held up) does not; one slow *measuring* step does.
+  Until L has been read off a step that was mostly fixed time, the least busy
+  time a collective (which L cannot exceed) stands in for it there: a
+  startup's probes alone leave L near 0, and on set 2 that made the first
+  small step after them a "measuring" drop from 335 to 101 Mbit/s (seed 447
+  of dev-overlap-set2).
   Small steps see a drop only while L is shorter than their transfer at the new
   rate: where L had grown (two workers on two cores: 20-30 ms) 86 kB steps took
   30-40 ms at 30 Mbit/s, never twice the 25 ms predicted at 250, and L's median
@@ -101,9 +108,23 @@ class LinkEstimator:
     @property
     def residuals(self) -> list[float]:
         """(t - D/B) / rounds of the recent steps, at the current estimate: what the model leaves over, the fixed
-        part of one collective."""
+        part of one collective. Only the steps whose transfer at B is under half their busy time, where there are
+        three or more: a step that was mostly transfer leaves the small difference of two large numbers, near 0 for the
+        probe whose own sample set B (and a startup holds little else: on set 2 a 3.1 MB probe left 0.5 ms where
+        the small steps left 2-7 ms, and two small steps after it read as twice the prediction, a false drop
+        from 366 to 102 Mbit/s, seed 431 of dev-overlap-set2)."""
+        return self._fixed_parts()[0]
+
+    def _fixed_parts(self) -> tuple[list[float], bool]:
+        """The residuals, and whether they come from steps that were mostly fixed time."""
         b = self.bandwidth
-        return [max(0.0, t - d / b) / n for d, t, n in self.steps] if b > 0 else []
+        if b <= 0:
+            return [], False
+        left = [(max(0.0, t - d / b) / n, d / b < t / 2) for d, t, n in self.steps]
+        mostly_fixed = [r for r, fixed in left if fixed]
+        if len(mostly_fixed) >= self.LEARN_FIXED:  # fewer: one of them a rank held up, or the drop itself
+            return mostly_fixed, True
+        return [r for r, _ in left], False
 
     @property
     def fixed(self) -> float:
@@ -113,9 +134,10 @@ class LinkEstimator:
     @property
     def fixed_low(self) -> float:
         """The lower quartile of L: how short the fixed part of a step can be."""
-        if len(self.steps) < 2:
+        residuals = self.residuals
+        if len(residuals) < 2:
             return 0.0
-        return statistics.quantiles(self.residuals, n=4)[0]
+        return statistics.quantiles(residuals, n=4)[0]
 
     @property
     def probe_bytes(self) -> float:
@@ -145,13 +167,17 @@ class LinkEstimator:
             self.last_sample = "measure"
             return
         known = len(self.steps) >= self.LEARN_FIXED  # until L is known, a sample can only raise
+        # L read off transfers alone (a startup's probes) is too short to judge a step by: there the least busy
+        # time a collective, which L cannot exceed, stands in for it.
+        measured = self._fixed_parts()[1]
+        limit = fixed if measured or not self.steps else max(fixed, min(s / n for _, s, n in self.steps))
         self.steps.append((d, t, rounds))
-        if known and t > 2 * (rounds * fixed + d / b):
+        if known and t > 2 * (rounds * limit + d / b):
             self.slow.append(d / max(t - rounds * fixed, t / 2))
             self.last_sample = "slow"
             # A measuring payload twice as slow as predicted is the drop itself, not a rank held up: it is a
             # probe's, sent because the small steps cannot lower the estimate, and the next one is steps away.
-            if len(self.slow) >= self.drop_after or d / b >= self.fill * fixed:
+            if len(self.slow) >= self.drop_after or d / b >= self.fill * limit:
                 self.btlbw.clear()
                 self.btlbw.add(max(self.slow))
                 self.steps.clear()
