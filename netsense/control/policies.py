@@ -401,6 +401,18 @@ class TimeToAccuracyController(Policy):
     read past the collectives' fixed time: a 20 -> 200 Mbit rise took 29-37
     steps with 5-25 ms of fixed time (66 on the testbed); doubling, 4-7.
 
+    The run's startup (its first probes) ends at the second probe in a row that
+    finds under a quarter more, not the first (BBR's startup waits three rounds),
+    or at a probe already as large as a dense fp16 step: the second goes out at
+    the first's size. One probe is not enough there: on a fresh connection TCP's
+    window has not opened yet, and a rank launching late adds 5-25 ms. On set 2's
+    step-wise link (dev-overlap-set2) the first 345 kB probe took 33 ms at
+    300 Mbit/s on four seeds of twenty (10 at the link's rate), read 85-92
+    Mbit/s, ended the startup, and the probes after it, sized from that
+    estimate, could not raise it: two of those runs held rank 4 for 17 and 81
+    steps where rank 8 was cheaper. At 500 Mbit/s the startup's last probe is
+    at the cap, so the rule costs nothing there.
+
     A probe costs a step's worth of time or more (its payload must stand out
     of the fixed time: on evaluation set 4's CNN the probes took 2x a step and
     10-12% of each run, and found nothing most of the time). With
@@ -429,6 +441,7 @@ class TimeToAccuracyController(Policy):
     KNEE_MIN_UPDATES = 5  # sparse updates measured before the measured knee replaces the prior
     KNEE_RANGE = (3e-4, 0.1)  # 1% would cost 1.03x to 11x the dense steps: outside is noise, not a task
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
+    STARTUP_ROUNDS = 2  # probes in a row that find under REPROBE_GAIN x more before the startup ends
 
     def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
@@ -469,6 +482,9 @@ class TimeToAccuracyController(Policy):
         self.adaptive_probing = adaptive_probing
         self.since_probe = 0  # steps since the last probe
         self.quiet_probes = 0  # probes in a row that found nothing, with no drop between
+        self.starting = True  # the run's startup: probes follow each other until STARTUP_ROUNDS find nothing
+        self.startup_misses = 0  # the startup's probes in a row that found nothing
+        self.probe_capped = False  # the last probe was as large as a dense fp16 step: no larger one to try
 
     def update(self, m: StepMeasurement) -> None:
         before = self.sensor.bandwidth
@@ -479,8 +495,13 @@ class TimeToAccuracyController(Policy):
         self.reprobe = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
         self.since_probe = 1 if self.probing else self.since_probe + 1  # a probe's own step counts
         if self.probing:
-            self.probe_scale = 2 * self.probe_scale if self.reprobe else 1.0
-            self.quiet_probes = 0 if self.reprobe else self.quiet_probes + 1
+            if self.reprobe:
+                self.probe_scale, self.quiet_probes, self.startup_misses = 2 * self.probe_scale, 0, 0
+            elif self.starting and self.startup_misses + 1 < self.STARTUP_ROUNDS and not self.probe_capped:
+                self.startup_misses += 1
+                self.reprobe = True  # the startup probes once more, at the same size (probe_scale kept)
+            else:
+                self.starting, self.probe_scale, self.quiet_probes = False, 1.0, self.quiet_probes + 1
         if self.sensor.last_sample == "drop":  # the link changed: probe every probe_every steps from here
             self.quiet_probes, self.since_probe = 0, 1
         family = "lowrank" if lowrank else "topk"  # PowerSGD's cost is its own
@@ -583,6 +604,7 @@ class TimeToAccuracyController(Policy):
         self.last = (kept or near)[0]
         self.kind = (self.last.dense, self.last.fp16, self.last.rank)  # a probe below does not change it
         self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
+        self.starting = self.starting and self.probing  # a step that is not a probe ends the startup
         if self.probing:
             self.last = self.lowrank_probe(self.last.rank) if self.last.rank else self.probe(density)
         return self.last
@@ -610,6 +632,7 @@ class TimeToAccuracyController(Policy):
             self.last = Decision(fp16=self.fp16)
         else:
             self.last = Decision(density=density, fp16=self.fp16, dense=False)
+        self.probe_capped = self.last.dense  # the whole model is smaller than a first probe
         return self.last
 
     def probe_spacing(self) -> int:
@@ -632,6 +655,7 @@ class TimeToAccuracyController(Policy):
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         d = self.probe_scale * max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
         dense_bytes = dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16)
+        self.probe_capped = d * self.numel * per_element >= dense_bytes
         if self.probe_padding:
             d = min(d, dense_bytes / per_element / self.numel)
             return Decision(density=density, fp16=self.fp16, dense=False, pad=max(0.0, d - density))
@@ -647,8 +671,9 @@ class TimeToAccuracyController(Policy):
         19% TopK probe after 15 steps at rank 4 dropped the test accuracy from 0.67 to 0.56)."""
         matrices, whole = self.low_ranks[rank]
         own = lowrank_allreduce_bytes(matrices, whole, rank, self.world)
-        target = min(self.probe_scale * max(own * self.probe_gain, self.sensor.probe_bytes),
-                     dense_allreduce_bytes(self.numel, self.world, fp16=True))
+        wanted = self.probe_scale * max(own * self.probe_gain, self.sensor.probe_bytes)
+        cap = dense_allreduce_bytes(self.numel, self.world, fp16=True)
+        target, self.probe_capped = min(wanted, cap), wanted >= cap
         pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world)
         return Decision(dense=False, rank=rank, pad=pad / self.numel)
 
