@@ -3,9 +3,10 @@
     python testbed/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
 
 From the committed tables (testbed/results/<grid>.json, every seed's steps and accuracy curve): the paired
-geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a bootstrap
-95% interval, and per grid the two methods' mean test accuracy at a few steps (evaluations are every other step):
-a ratio above 1 with the gap open from the first evaluations on is a slower start, not a slower rate. With
+geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a 95% t
+interval (Student's t on the log ratios, as fair.py's), and per grid the two methods' mean test accuracy at a few
+steps (evaluations are every other step): a ratio above 1 with the gap open from the first evaluations on is a
+slower start, not a slower rate. With
 ``--runs`` (the cells kept locally: runs/final/<grid>/<cell>/timeline.csv) the pairs are also split by the rank
 that ran most of our cells' steps (80% or more; "mixed" otherwise).
 """
@@ -18,8 +19,9 @@ import csv
 import json
 import math
 import os
-import random
 import statistics
+
+from netsense.bench.stats import t_interval
 
 STEPS = (2, 4, 6, 10, 16, 24, 32)
 
@@ -41,10 +43,12 @@ def main_rank(runs: str, grid: str, method: str, scenario: str, seed: int) -> st
 
 
 def interval(logs: list[float]) -> str:
-    """The paired geometric mean of exp(logs) with a bootstrap 95% interval."""
-    rng = random.Random(0)
-    boot = sorted(math.exp(statistics.mean(rng.choices(logs, k=len(logs)))) for _ in range(4000))
-    return f"{math.exp(statistics.mean(logs)):.3f} [{boot[100]:.3f}, {boot[3899]:.3f}]"
+    """The paired geometric mean of exp(logs) with its 95% t interval (netsense.bench.stats.t_interval, as
+    fair.py's time ratios: a percentile bootstrap under-covers at these seed counts)."""
+    low, high, _ = t_interval([math.exp(x) for x in logs])
+    if low is None:
+        return f"{math.exp(statistics.mean(logs)):.3f} (too few pairs for an interval)"
+    return f"{math.exp(statistics.mean(logs)):.3f} [{low:.3f}, {high:.3f}]"
 
 
 def main() -> int:
