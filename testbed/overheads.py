@@ -1,0 +1,89 @@
+"""Where an adaptive method's time goes against a fixed one's, paired by seed, from the cells kept locally.
+
+    python testbed/overheads.py dev-law-set4 cnn1024-static-30 --ours tta-lowranks-pilot --other topk-0.002
+
+For each seed (runs/final/<grid>/<method>--<scenario>--s<seed>/: result.json and timeline.csv) and their means:
+both methods' time to the target; our family pilot's seconds and the steps it returned (adopted); our probes, how
+many and their communication over the run's ordinary steps' median (their extra cost); the median time of an
+ordinary step (no probe, no evaluation) of each; the steps each ran (result.json's: to the end of the run,
+the target's hold included). These are the terms the README and
+testbed/EVALUATION.md name when they say what an adaptive method's time over a fixed method's is made of.
+The cells are not in the repository (runs/ is not): the committed tables hold each seed's totals only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+
+
+def load(runs: str, grid: str, method: str, scenario: str, seed: int) -> tuple[list[dict], dict] | None:
+    cell = os.path.join(runs, grid, f"{method}--{scenario}--s{seed}")
+    if not os.path.exists(os.path.join(cell, "timeline.csv")):
+        return None
+    with open(os.path.join(cell, "timeline.csv")) as fh:
+        rows = list(csv.DictReader(fh))
+    with open(os.path.join(cell, "result.json")) as fh:
+        return rows, json.load(fh)
+
+
+def ordinary_step(rows: list[dict]) -> float:
+    """Median seconds between an ordinary step and the one before it (no probe, no evaluation)."""
+    times = [float(r["time"]) for r in rows]
+    gaps = [b - a for a, b, r in zip(times, times[1:], rows[1:], strict=False)
+            if r["probe"] != "1" and not r["accuracy"]]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def probe_extra(rows: list[dict]) -> tuple[int, float]:
+    """The probes and their communication seconds over the median of the ordinary steps on the same link rate."""
+    probes = [r for r in rows if r["probe"] == "1"]
+    extra = 0.0
+    for p in probes:
+        same = [float(r["comm_s"]) for r in rows if r["probe"] != "1" and r["link_rate_mbit"] == p["link_rate_mbit"]]
+        extra += float(p["comm_s"]) - (statistics.median(same) if same else 0.0)
+    return len(probes), extra
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("grid")
+    ap.add_argument("scenario")
+    ap.add_argument("--ours", default="tta-lowranks-pilot")
+    ap.add_argument("--other", required=True)
+    ap.add_argument("--runs", default=os.path.join("runs", "final"))
+    a = ap.parse_args()
+    prefix = f"{a.ours}--{a.scenario}--s"
+    seeds = sorted(int(d[len(prefix):]) for d in os.listdir(os.path.join(a.runs, a.grid)) if d.startswith(prefix))
+    table = []
+    for seed in seeds:
+        ours, other = load(a.runs, a.grid, a.ours, a.scenario, seed), load(a.runs, a.grid, a.other, a.scenario, seed)
+        if ours is None or other is None or not ours[1]["time_to_accuracy_s"] or not other[1]["time_to_accuracy_s"]:
+            continue
+        pilot = ours[1].get("family_pilot") or {}
+        probes, extra = probe_extra(ours[0])
+        row = (ours[1]["time_to_accuracy_s"], other[1]["time_to_accuracy_s"], pilot.get("seconds", 0.0),
+               pilot.get("adopted_steps", 0), probes, extra, ordinary_step(ours[0]), ordinary_step(other[0]),
+               ours[1]["steps"], other[1]["steps"])
+        table.append(row)
+        print(f"s{seed}: TTA {row[0]:.2f} / {row[1]:.2f} s; pilot {row[2]:.2f} s, {row[3]} steps adopted; "
+              f"{row[4]} probes, {row[5]:.2f} s over ordinary steps; step {1e3 * row[6]:.1f} / {1e3 * row[7]:.1f} "
+              f"ms; steps {row[8]} / {row[9]}")
+    if not table:
+        print("no seed with both cells here and both at the target")
+        return 1
+
+    def mean(i: int) -> float:
+        return statistics.fmean(r[i] for r in table)
+
+    print(f"mean over {len(table)} seeds ({a.ours} / {a.other}): TTA {mean(0):.2f} / {mean(1):.2f} s; pilot "
+          f"{mean(2):.2f} s, {mean(3):.1f} steps adopted; {mean(4):.1f} probes, {mean(5):.2f} s over ordinary "
+          f"steps; step {1e3 * mean(6):.1f} / {1e3 * mean(7):.1f} ms; steps {mean(8):.0f} / {mean(9):.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
