@@ -347,7 +347,9 @@ def progress_of_the_first_steps(rank, world, steps, momentum=0.0):
         updates.append(torch.cat([p.grad.view(-1).clone() for p in model.parameters()]))
         opt.step()
     state.finish()
-    assert sum(not h["dense"] for h in state.history) >= steps - 2, "the steps after the first were to be sparse"
+    # The startup's probes come first, and on a model this small (no link) some are dense (as large as a dense
+    # fp16 step); the steps after them are sparse.
+    assert sum(not h["dense"] for h in state.history) >= steps - 4, "the steps after the startup were to be sparse"
     # From step 2: DDP rebuilds its buckets after step 0, and step 1's are the first to compare with.
     velocities = [grads[0]]
     for g in grads[1:]:
@@ -386,9 +388,9 @@ def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_appl
     averaged one, not the one error feedback has added to; and against the update the optimizer got (the
     averaged, sparse one), each paired with that update's density. With momentum correction the dense
     update it is compared with is the rank's velocity."""
-    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 6,
+    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 8,
                                                                       momentum):
-        assert len(recorded) == 6
+        assert len(recorded) == 8
         for (made, dense), (want_made, want_dense) in zip(recorded, expected, strict=True):
             assert made == pytest.approx(want_made, rel=1e-4, abs=1e-9)
             assert dense == pytest.approx(want_dense, rel=1e-4, abs=1e-9)
