@@ -41,11 +41,12 @@ def ordinary_step(rows: list[dict]) -> float:
 def probe_extra(rows: list[dict]) -> tuple[int, float]:
     """The probes and their communication seconds over the median of the ordinary steps on the same link rate."""
     probes = [r for r in rows if r["probe"] == "1"]
-    extra = 0.0
-    for p in probes:
-        same = [float(r["comm_s"]) for r in rows if r["probe"] != "1" and r["link_rate_mbit"] == p["link_rate_mbit"]]
-        extra += float(p["comm_s"]) - (statistics.median(same) if same else 0.0)
-    return len(probes), extra
+    by_rate: dict[str, list[float]] = {}
+    for r in rows:
+        if r["probe"] != "1":
+            by_rate.setdefault(r["link_rate_mbit"], []).append(float(r["comm_s"]))
+    ordinary = {rate: statistics.median(comm) for rate, comm in by_rate.items()}
+    return len(probes), sum(float(p["comm_s"]) - ordinary.get(p["link_rate_mbit"], 0.0) for p in probes)
 
 
 def main() -> int:

@@ -490,7 +490,7 @@ def test_one_slow_startup_probe_does_not_end_the_startup():
 
 def test_a_startup_probe_as_large_as_a_dense_step_is_not_repeated():
     """Where the startup's probes have reached a dense fp16 step there is nothing larger to try: a probe there
-    that finds nothing ends the startup (on set 2 at 500 Mbit/s the last startup probe is at that cap)."""
+    that finds nothing ends the startup (on set 2 at 500 Mbit/s the startup's last probe is often at that cap)."""
     c, link = tta(200_000, 2), SimulatedLink(200, fixed=0.005, skew=0.0)
     probes = 0
     while c.starting:

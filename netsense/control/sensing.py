@@ -160,16 +160,17 @@ class LinkEstimator:
             return
         d, t = wire_bytes, busy_seconds
         self.rtprop.add(t)
-        b, fixed = self.bandwidth, self.fixed
+        b = self.bandwidth
         rate = d / t
         if b == 0:
             self.btlbw.add(rate)
             self.last_sample = "measure"
             return
+        residuals, measured = self._fixed_parts()
+        fixed = statistics.median(residuals) if residuals else 0.0  # self.fixed, its parts read once
         known = len(self.steps) >= self.LEARN_FIXED  # until L is known, a sample can only raise
         # L read off transfers alone (a startup's probes) is too short to judge a step by: there the least busy
         # time a collective, which L cannot exceed, stands in for it.
-        measured = self._fixed_parts()[1]
         limit = fixed if measured or not self.steps else max(fixed, min(s / n for _, s, n in self.steps))
         self.steps.append((d, t, rounds))
         if known and t > 2 * (rounds * limit + d / b):
