@@ -15,7 +15,8 @@ mean TTA within 1.1x of the fastest other method's, its accuracy after the grid'
 points of the fastest fixed method's. Then the same scenario's lead as the earlier table (--before) printed it,
 for the before/after.
 
-    python testbed/fair.py --grid fresh-cnn1d,fresh-mlp --ours tta-lowranks-pilot   # the fresh set (issue 36)
+    python testbed/fair.py --grid fresh-cnn1d,fresh-mlp --ours tta-lowranks-pilot   # the first fresh set (issue 36)
+    python testbed/fair.py --grid fresh2-syn4,fresh2-cnn32 --ours tta-lowranks-pilot  # the second fresh set
 """
 
 from __future__ import annotations
