@@ -18,7 +18,8 @@ With ``--check GRID...`` (results under testbed/results, e.g. fair3 fair4 fair5:
 on), per scenario of each grid and per law (the inverse law at kneeDensity 0.003, the power law at the fitted
 q): the predicted steps over the measured at each density of the fixed TopK sweep, the task's dense steps
 fitted as the law's scale (geometric mean: the grids have no dense run), and the density each law would choose
-from the sweep's measured step times (the argmin of law x seconds a step) beside the hindsight-best one.
+from the sweep's measured step times (the argmin of law x seconds a step) beside the hindsight-best one; and the
+exponent q the task's own sweep fits (the slope of log steps on log 1/d), to set beside the tuning task's 0.109.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
             / sum(math.log(1 / d) ** 2 for d, _ in points))
 
 
+def own_exponent(sweep: dict[float, float]) -> float:
+    """The slope of log steps on log(1/d) over a task's sweep (least squares, its scale free): the q of
+    ``steps = c d^-q`` that this task alone would fit, to set beside the tuning task's."""
+    xs = [math.log(1 / d) for d in sweep]
+    ys = [math.log(st) for st in sweep.values()]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
 def complete(row: dict) -> list[dict] | None:
     """A row's per-seed records, if every seed reached the target."""
     seeds = row.get("per_seed", [])
@@ -106,7 +116,8 @@ def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
                     statistics.fmean(s["time_to_accuracy_s"] / s["steps_to_target"] for s in seeds),
                     statistics.fmean(s["time_to_accuracy_s"] for s in seeds))
         best = min(sweep, key=lambda d: sweep[d][2])
-        print(f"{grid} {scenario}: hindsight-best fixed {best:g} ({sweep[best][2]:.2f} s)")
+        print(f"{grid} {scenario}: hindsight-best fixed {best:g} ({sweep[best][2]:.2f} s); the task's own "
+              f"exponent q = {own_exponent({d: st for d, (st, _, _) in sweep.items()}):.3f}")
         for name, law in laws.items():
             scale = math.exp(statistics.fmean(math.log(st / law(d)) for d, (st, _, _) in sweep.items()))
             off = " ".join(f"{d:g}: {law(d) * scale / st:.2f}" for d, (st, _, _) in sorted(sweep.items()))
