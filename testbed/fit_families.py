@@ -64,10 +64,9 @@ def fit_power(means: list[tuple[float, float]]) -> tuple[float, float] | None:
     pts = [(math.log(d), math.log(r - 1)) for d, r in means if r > 1]
     if len(pts) < 2:
         return None
-    xm, ym = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
-    slope = sum((x - xm) * (y - ym) for x, y in pts) / sum((x - xm) ** 2 for x, _ in pts)
+    slope, intercept = statistics.linear_regression([x for x, _ in pts], [y for _, y in pts])
     p = -slope
-    return math.exp((ym - slope * xm) / p), p
+    return math.exp(intercept / p), p
 
 
 def fit_rank_power(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -88,13 +87,13 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
             / sum(math.log(1 / d) ** 2 for d, _ in points))
 
 
-def own_exponent(sweep: dict[float, float]) -> float:
+def own_exponent(sweep: dict[float, float]) -> float | None:
     """The slope of log steps on log(1/d) over a task's sweep (least squares, its scale free): the q of
-    ``steps = c d^-q`` that this task alone would fit, to set beside the tuning task's."""
-    xs = [math.log(1 / d) for d in sweep]
-    ys = [math.log(st) for st in sweep.values()]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    ``steps = c d^-q`` that this task alone would fit, to set beside the tuning task's. None for a sweep of
+    one density (a development grid's single fixed reference)."""
+    if len(sweep) < 2:
+        return None
+    return statistics.linear_regression([math.log(1 / d) for d in sweep], [math.log(st) for st in sweep.values()]).slope
 
 
 def complete(row: dict) -> list[dict] | None:
@@ -116,8 +115,9 @@ def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
                     statistics.fmean(s["time_to_accuracy_s"] / s["steps_to_target"] for s in seeds),
                     statistics.fmean(s["time_to_accuracy_s"] for s in seeds))
         best = min(sweep, key=lambda d: sweep[d][2])
+        q = own_exponent({d: st for d, (st, _, _) in sweep.items()})
         print(f"{grid} {scenario}: hindsight-best fixed {best:g} ({sweep[best][2]:.2f} s); the task's own "
-              f"exponent q = {own_exponent({d: st for d, (st, _, _) in sweep.items()}):.3f}")
+              f"exponent q = " + (f"{q:.3f}" if q is not None else "- (one density)"))
         for name, law in laws.items():
             scale = math.exp(statistics.fmean(math.log(st / law(d)) for d, (st, _, _) in sweep.items()))
             off = " ".join(f"{d:g}: {law(d) * scale / st:.2f}" for d, (st, _, _) in sorted(sweep.items()))
