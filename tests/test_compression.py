@@ -561,6 +561,33 @@ def test_native_decode_sums_every_rank_like_index_add(k):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("path", ["native", "pytorch"])
+def test_decode_reads_only_the_selection_of_a_padded_chunk(path, monkeypatch):
+    """A padded probe's chunk holds k + pad indices, then k + pad values; only the first k of each are the
+    selection, and only they are decoded (decoding the padding is work no step needs). The padding here is not
+    zeros, so reading it would show."""
+    from netsense.compression import native
+    from netsense.compression.compressor import TopK
+    if path == "native":
+        _native()
+    else:
+        monkeypatch.setattr(native, "usable", lambda t: False)
+    g = torch.Generator().manual_seed(4)
+    n, world, k, pad = 50_000, 2, 40, 400
+    chunks, padded = [], []
+    for _ in range(world):
+        idx = torch.randperm(n, generator=g)[:k].sort().values.to(torch.int32)
+        values = torch.randn(k, generator=g).half()
+        chunks.append(torch.cat([idx.view(torch.uint8), values.view(torch.uint8)]))
+        junk_idx = torch.randint(0, n, (pad,), generator=g, dtype=torch.int32)
+        junk = torch.ones(pad).half()
+        padded.append(torch.cat([idx.view(torch.uint8), junk_idx.view(torch.uint8),
+                                 values.view(torch.uint8), junk.view(torch.uint8)]))
+    want = TopK.decompress(torch.full((n,), float("nan")), chunks, k, True, world)
+    got = TopK.decompress(torch.full((n,), float("nan")), padded, k, True, world, k + pad)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_native_and_pytorch_paths_train_identically_even_mixed():
     config = {"method": "topk", "density": 0.05}
     runs = {name: run_world(train_on_path, 2, ranks, 6, dict(config))

@@ -753,6 +753,27 @@ def test_a_padded_probe_is_as_large_as_a_plain_one_but_sends_only_the_ordinary_s
         dense_allreduce_bytes(n, 2, fp16=True), rel=1e-6)
 
 
+def test_a_padded_probe_s_selection_time_does_not_price_topk():
+    """A padded probe's selection seconds hold its padding's copy at the ordinary selection's elements: fitted,
+    they priced TopK's elements at several times their cost (dev-law3-syn4: tta then ran PowerSGD for the rest
+    of the run on 5 of 15 seeds). Only the unpadded steps are fitted."""
+    n = 10_000_000
+    c = tta(n, 2, probe_every=1000, probe_padding=True)
+    c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
+    k = 10_000
+    for _ in range(2):  # the first sparse step (not priced) and one ordinary step: 5 ms at k elements
+        c.last = Decision(density=k / n, fp16=True, dense=False)
+        c.update(StepMeasurement(6e4, 6e4, 0.01, 0.2, 1.0, selection_seconds=0.005, elements_sent=k))
+    before = (c.selection.intercept, c.selection.per_element)
+    c.last = c.probe(k / n)
+    assert c.last.pad > 0
+    c.update(StepMeasurement(2e6, 2e6, 0.1, 0.2, 1.0, selection_seconds=0.024, elements_sent=k))
+    assert (c.selection.intercept, c.selection.per_element) == before
+    c.last = Decision(density=k / n, fp16=True, dense=False)  # an ordinary step is fitted as before
+    c.update(StepMeasurement(6e4, 6e4, 0.01, 0.2, 1.0, selection_seconds=0.006, elements_sent=k))
+    assert c.selection.intercept + c.selection.per_element * k == pytest.approx(0.0055)
+
+
 def test_a_probe_while_powersgd_is_chosen_is_a_padded_powersgd_step():
     """The probe keeps the family: the chosen rank, zeros after it up to probe_gain x its bytes (at least what
     the link needs to be read, at most a dense fp16 step)."""

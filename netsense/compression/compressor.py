@@ -94,16 +94,20 @@ class TopK:
         return torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
 
     @staticmethod
-    def decompress(buf: torch.Tensor, gathered: list[torch.Tensor], k: int, fp16: bool, world: int) -> torch.Tensor:
-        """buf = the mean over ranks of their scattered chunks."""
+    def decompress(buf: torch.Tensor, gathered: list[torch.Tensor], k: int, fp16: bool, world: int,
+                   capacity: int | None = None) -> torch.Tensor:
+        """buf = the mean over ranks of their scattered chunks: the first k of each chunk's ``capacity``
+        (default k) indices and values; a padded probe's zeros after them are never read."""
+        capacity = capacity or k
         if native.usable(buf):
-            native.decode(buf, gathered, k, fp16, world)
+            native.decode(buf, gathered, k, fp16, world, capacity)
             return buf
         value_dtype = torch.float16 if fp16 else buf.dtype
+        value_bytes = 2 if fp16 else buf.element_size()
         buf.zero_()
         for chunk in gathered:
             i = chunk[:4 * k].view(torch.int32).to(torch.long)
-            v = chunk[4 * k:].view(value_dtype).to(buf.dtype).div_(world)
+            v = chunk[4 * capacity:4 * capacity + value_bytes * k].view(value_dtype).to(buf.dtype).div_(world)
             buf.index_add_(0, i, v)  # accumulate: colliding indices from ranks sum
         return buf
 

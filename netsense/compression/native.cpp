@@ -203,11 +203,13 @@ void ns_take(float* signal, const int32_t* cand, const float* cand_val, int64_t 
 // Dense results (most cache lines hit) are merged: one sequential write of buf,
 // zeros between the indices, which ascend in every chunk ns_take wrote.
 // Sparse ones (or chunks from elsewhere, not ascending) are zeroed and scattered.
-void ns_decode(float* buf, int64_t n, const uint8_t* const* chunks, int world, int64_t k, int fp16,
-               float divisor) {
+// A chunk holds ``capacity`` indices, then ``capacity`` values; only the first k of each are read (a padded
+// probe's zeros after them are wire, not gradient: decoding them would be work the step never needed).
+void ns_decode(float* buf, int64_t n, const uint8_t* const* chunks, int world, int64_t k, int64_t capacity,
+               int fp16, float divisor) {
   auto index = [&](int r, int64_t j) { return reinterpret_cast<const int32_t*>(chunks[r])[j]; };
   auto value = [&](int r, int64_t j) {
-    const uint8_t* v = chunks[r] + 4 * k;
+    const uint8_t* v = chunks[r] + 4 * capacity;
     return fp16 ? static_cast<float>(reinterpret_cast<const _Float16*>(v)[j])
                 : reinterpret_cast<const float*>(v)[j];
   };

@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL | None:
     lib.ns_scan.restype = i64
     lib.ns_take.argtypes = [ptr, ptr, ptr, i64, i64, f32, ptr, ptr, ctypes.c_int, ctypes.c_int]
     lib.ns_take.restype = None
-    lib.ns_decode.argtypes = [ptr, i64, ptr, ctypes.c_int, i64, ctypes.c_int, f32]
+    lib.ns_decode.argtypes = [ptr, i64, ptr, ctypes.c_int, i64, i64, ctypes.c_int, f32]
     lib.ns_decode.restype = None
     return lib
 
@@ -195,10 +195,12 @@ class Selector:
                                  self.cand.data_ptr(), self.cand_val.data_ptr(), cap)
 
 
-def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, divisor: float) -> None:
-    """buf = sum over chunks of scatter(indices, values / divisor), as index_add_ would."""
+def decode(buf: torch.Tensor, chunks: list[torch.Tensor], k: int, fp16: bool, divisor: float,
+           capacity: int | None = None) -> None:
+    """buf = sum over chunks of scatter(indices, values / divisor), as index_add_ would, over the first k of
+    each chunk's ``capacity`` (default k) entries."""
     ptrs = (ctypes.c_void_p * len(chunks))(*(c.data_ptr() for c in chunks))
-    library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, int(fp16), divisor)
+    library().ns_decode(buf.data_ptr(), buf.numel(), ptrs, len(chunks), k, capacity or k, int(fp16), divisor)
 
 
 if __name__ == "__main__":  # `python -m netsense.compression.native`: build ahead of the first job

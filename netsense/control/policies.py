@@ -514,7 +514,7 @@ class TimeToAccuracyController(Policy):
                 self.warmed.add(family)
             elif family == "lowrank":
                 self.lowrank_cost.add(self.last.rank, m.selection_seconds)
-            else:
+            elif not self.last.pad:  # a padded probe's selection time holds its padding's copy: not a price of k
                 self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
         if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
