@@ -46,7 +46,8 @@ DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
 # tta's family pilot: R = reading ^ this (netsense.control.pilot), fitted on the development tasks by
 # testbed/learnability.py (section 6 of testbed/results/learnability.md).
 PILOT_EXPONENT = 1.70
-SIGNAL_MODELS = ("mlp", "cnn1d", "transformer1d")  # what takes MNIST-1D's 1-D signals (the others take images)
+SIGNAL_ONLY_MODELS = ("cnn1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
+SIGNAL_MODELS = ("mlp", *SIGNAL_ONLY_MODELS)  # what takes MNIST-1D's 1-D signals (the others take images)
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -143,7 +144,7 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
     model, dataset = t.get("model"), t.get("dataset")
     if dataset == "mnist1d" and model not in SIGNAL_MODELS:
         errors.add(f"{path}.model", f"mnist1d's 1-D signals take model {' or '.join(SIGNAL_MODELS)} (got {model})")
-    elif model in ("cnn1d", "transformer1d") and dataset != "mnist1d":
+    elif model in SIGNAL_ONLY_MODELS and dataset != "mnist1d":
         errors.add(f"{path}.model", f"{model} takes 1-D signals: use it with dataset mnist1d (got {dataset})")
     if t.get("backend") == "nccl" and t.get("device") == "cpu":
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
