@@ -436,9 +436,11 @@ def jittery(mbit: float, seed: int = 0) -> SimulatedLink:
     return SimulatedLink(mbit, fixed=0.005, skew=0.02, seed=seed)
 
 
-def test_tta_finds_freed_capacity_within_10_steps():
-    """A 20 -> 200 Mbit rise, probed every probeEvery steps (adaptiveProbing off: the probes' sizing)."""
-    c = tta(1_100_000, 2, adaptive_probing=False)
+@pytest.mark.parametrize("cap", [False, True])
+def test_tta_finds_freed_capacity_within_10_steps(cap):
+    """A 20 -> 200 Mbit rise, probed every probeEvery steps (adaptiveProbing off: the probes' sizing); with
+    probeCap as without it."""
+    c = tta(1_100_000, 2, adaptive_probing=False, probe_cap=cap)
     link_steps(c, jittery(20), 40)
     assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
     steps_to_find(c, jittery(200, seed=1), 10)
@@ -475,11 +477,13 @@ class ColdFirstProbe(SimulatedLink):
         return super().busy(wire_bytes) + (self.extra if self.calls == 2 else 0.0)
 
 
-def test_one_slow_startup_probe_does_not_end_the_startup():
+@pytest.mark.parametrize("cap", [False, True])
+def test_one_slow_startup_probe_does_not_end_the_startup(cap):
     """The startup probes once more, at the same size, after a probe that found nothing: ended by that one probe
     it left the estimate at a fifth of the link, and the probes after it, sized from that estimate, were too
-    small to raise it (two runs in twenty held PowerSGD rank 4 for 17 and 81 steps where rank 8 was cheaper)."""
-    c, link = tta(1_100_000, 2), ColdFirstProbe(300, extra=0.025)
+    small to raise it (two runs in twenty held PowerSGD rank 4 for 17 and 81 steps where rank 8 was cheaper).
+    probeCap leaves this alone: the first probes are far below 4 steps' bytes."""
+    c, link = tta(1_100_000, 2, probe_cap=cap), ColdFirstProbe(300, extra=0.025)
     link_steps(c, link, 2)
     assert c.sensor.bandwidth < 0.3 * link.rate  # the first probe read the cold connection
     assert c.starting and c.reprobe
@@ -500,8 +504,41 @@ def test_a_startup_probe_as_large_as_a_dense_step_is_not_repeated():
     assert c.sensor.bandwidth == pytest.approx(link.rate, rel=0.25)
 
 
-def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing():
-    c = tta(1_100_000, 2)
+def startup_probes(cap: bool, rates: list[float]) -> list[tuple[float, float]]:
+    """(wire bytes, busy seconds) of each probe of a 3-worker run over a link at these rates a step (20-40 ms of
+    fixed time, 45 ms of compute: set 5's CNN on its 3-worker link), and PROBE_STEPS x the chosen step's predicted
+    seconds at the estimate."""
+    n, world = 2_180_000, 3
+    c = tta(n, world, step_law="power", probe_padding=True, probe_cap=cap)
+    probes = []
+    for i, mbit in enumerate(rates):
+        d = c.decide()
+        wire = sparse_allgather_bytes(math.ceil((d.density + d.pad) * n), world, d.fp16)
+        busy = SimulatedLink(mbit, fixed=0.02, skew=0.02, seed=i).busy(wire)
+        if c.probing:
+            probes.append((wire, busy))
+        k = d.density * n
+        c.update(StepMeasurement(wire, wire, busy, 0.045, 1.0, 0.001 + k * 2e-9, k))
+    assert not c.starting
+    return probes
+
+
+def test_a_capped_probe_sends_at_most_four_steps_and_ends_the_startup_there():
+    """probeCap: the startup's doubling stops at 4 ordinary steps on the wire at the estimate. On a link that
+    reads 70 Mbit/s to small probes and then falls to 30 (dev-rerun-set5, s814: probes of 4.4 and 5.8 MB took
+    1.1 and 1.7 s), the uncapped startup doubles to a dense step's bytes; capped, it stops at a few steps' time,
+    and a probe there that finds nothing ends the startup (no second round at the same size)."""
+    rates = [15] + [70] * 4 + [30] * 20
+    plain, capped = startup_probes(False, rates), startup_probes(True, rates)
+    assert max(t for _, t in plain) > 1.0
+    assert max(t for _, t in capped) < 0.7
+    assert sum(t for _, t in capped) < sum(t for _, t in plain) - 0.5
+    assert len(capped) <= len(plain)
+
+
+@pytest.mark.parametrize("cap", [False, True])
+def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing(cap):
+    c = tta(1_100_000, 2, probe_cap=cap)
     link_steps(c, jittery(20), 300)
     assert c.probe_spacing() == 64
     steps_to_find(c, jittery(200, seed=1), 64 + 10)

@@ -104,7 +104,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
-            step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"]),
+            step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
+            probe_cap=c["probeCap"]),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

@@ -417,6 +417,20 @@ class TimeToAccuracyController(Policy):
     known yet during the startup, the prices it compares leave the fixed time
     out, and a simulated cold start at 300 Mbit/s skipped the very probe.
 
+    The startup's doubling has no bound but a dense fp16 step, and on a slow link that moves it is dear: on
+    set 5's 3-worker link (dev-rerun-set5, s814) the estimate rose 16 -> 24 -> 45 -> 59 Mbit/s as probes
+    of 0.1-1.4 MB read past the fixed time, and the next two, doubled from there to 4.4 and 5.8 MB, went out
+    as the link fell to 30 Mbit/s and took 1.1 and 1.7 s, 17 and 25 ordinary steps; over that scenario the
+    probes cost 1.5 s a run of 8.3. What they buy is small: near its optimum the cost is flat (with the power
+    law a density off by 2x, a bandwidth off by 2x, costs about 2% a step). With ``probe_cap`` (spec:
+    probeCap) a probe's payload is at most ``PROBE_STEPS`` (4) ordinary steps on the wire at the estimated
+    rate (``probe_limit``): never less than the probe at scale 1 (the link's read needs fill x L, 4 x L, and
+    a step takes at least L), so it bounds only the doubling. Each round still reads a rate many times the
+    estimate (the payload is 4 steps' worth against a fixed time's jitter) and the bound grows with the
+    estimate, so a rise is found in about as many rounds, each cheaper. A startup probe at that bound which
+    finds nothing ends the startup, as one at a dense step's bytes does (the second round at the same size
+    is for a first, small probe on a cold connection).
+
     A probe costs a step's worth of time or more (its payload must stand out
     of the fixed time: on evaluation set 4's CNN the probes took 2x a step and
     10-12% of each run, and found nothing most of the time). With
@@ -446,16 +460,21 @@ class TimeToAccuracyController(Policy):
     KNEE_RANGE = (3e-4, 0.1)  # 1% would cost 1.03x to 11x the dense steps: outside is noise, not a task
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
     STARTUP_ROUNDS = 2  # probes in a row that find under REPROBE_GAIN x more before the startup ends
+    # With probe_cap: a probe's payload is at most this many ordinary steps on the wire at the estimated rate. Never
+    # less than what the link needs to be read (LinkEstimator.fill = 4 x L, and a step takes at least L): it stops
+    # only the startup's doubling.
+    PROBE_STEPS = 4
 
     def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
                  low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3,
-                 step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False):
+                 step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False,
+                 probe_cap: bool = False):
         self.numel, self.world = numel, world
         if step_law not in ("inverse", "power") or (step_law == "power" and learn_knee):
             raise ValueError(f"step_law {step_law!r}: inverse, or power without learn_knee")
         self.step_law, self.density_exponent = step_law, density_exponent
-        self.probe_padding = probe_padding
+        self.probe_padding, self.probe_cap = probe_padding, probe_cap
         # PowerSGD's options: rank -> (the matrices it compresses, the elements it sends whole), largest rank first
         # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
@@ -488,7 +507,7 @@ class TimeToAccuracyController(Policy):
         self.quiet_probes = 0  # probes in a row that found nothing, with no drop between
         self.starting = True  # the run's startup: probes follow each other until STARTUP_ROUNDS find nothing
         self.startup_misses = 0  # the startup's probes in a row that found nothing
-        self.probe_capped = False  # the last probe was as large as a dense fp16 step: no larger one to try
+        self.probe_capped = False  # the last probe was as large as a dense fp16 step or probe_limit: no larger one
 
     def update(self, m: StepMeasurement) -> None:
         before = self.sensor.bandwidth
@@ -571,8 +590,8 @@ class TimeToAccuracyController(Policy):
             return q / (1 - q) * fixed / per_density
         return math.sqrt(self.knee * fixed / per_density)
 
-    def predicted_cost(self, d: Decision) -> float:
-        """Seconds of training per dense step's worth of progress under decision d."""
+    def step_seconds(self, d: Decision) -> float:
+        """Predicted seconds of one step under decision d (compute, the compressor's own work, the wire)."""
         bw = self.sensor.bandwidth
         if d.dense:
             return self.compute_s + self.sensor.fixed + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
@@ -581,12 +600,25 @@ class TimeToAccuracyController(Policy):
             wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
             # Two collectives, one after the other (the first waited for inside the backward pass): two fixed times.
             own = self.lowrank_cost.intercept + self.lowrank_cost.per_element * d.rank
-            step = self.compute_s + own + wire / bw + 2 * self.sensor.fixed
-            return self.lowrank_steps_factor(d.rank) * step
+            return self.compute_s + own + wire / bw + 2 * self.sensor.fixed
         k = d.density * self.numel
-        step = (self.compute_s + self.selection.intercept + self.sensor.fixed + k * self.selection.per_element
+        return (self.compute_s + self.selection.intercept + self.sensor.fixed + k * self.selection.per_element
                 + sparse_allgather_bytes(math.ceil(k), self.world, fp16=self.fp16) / bw)
-        return self.steps_factor(d.density) * step
+
+    def predicted_cost(self, d: Decision) -> float:
+        """Seconds of training per dense step's worth of progress under decision d."""
+        if d.dense:
+            return self.step_seconds(d)
+        if d.rank:
+            return self.lowrank_steps_factor(d.rank) * self.step_seconds(d)
+        return self.steps_factor(d.density) * self.step_seconds(d)
+
+    def probe_limit(self, chosen: Decision) -> float:
+        """The most bytes a probe may send with ``probe_cap``: PROBE_STEPS ordinary steps of ``chosen`` on the
+        wire at the estimated rate (no limit without it)."""
+        if not self.probe_cap:
+            return math.inf
+        return self.PROBE_STEPS * self.step_seconds(chosen) * self.sensor.bandwidth
 
     def decide(self) -> Decision:
         if self.world == 1:
@@ -610,7 +642,8 @@ class TimeToAccuracyController(Policy):
         self.probing = not self.last.dense and (self.reprobe or self.since_probe >= self.probe_spacing())
         self.starting = self.starting and self.probing  # a step that is not a probe ends the startup
         if self.probing:
-            self.last = self.lowrank_probe(self.last.rank) if self.last.rank else self.probe(density)
+            limit = self.probe_limit(self.last)
+            self.last = self.lowrank_probe(self.last.rank, limit) if self.last.rank else self.probe(density, limit)
         return self.last
 
     def first(self) -> Decision:
@@ -646,7 +679,7 @@ class TimeToAccuracyController(Policy):
             return self.probe_every
         return self.probe_every * min(self.MAX_PROBE_SPACING, 2 ** self.quiet_probes)
 
-    def probe(self, density: float) -> Decision:
+    def probe(self, density: float, limit: float = math.inf) -> Decision:
         """A step whose payload measures the link: ``probe_gain`` x the density, or more if that is too small
         to tell the link from the collectives' fixed time; dense fp16 where a sparse probe would carry more.
 
@@ -655,11 +688,16 @@ class TimeToAccuracyController(Policy):
         measured as before, and the training sees an ordinary step. Without it a probe sends that many more
         of the residual's largest entries, which after a stretch of low densities is a backlog of many
         steps released at once: on set 2's MLP a 15% probe after 17 steps at 0.36% dropped the test
-        accuracy from 0.86 to 0.34, and a dense probe (which flushes the whole residual) diverged."""
+        accuracy from 0.86 to 0.34, and a dense probe (which flushes the whole residual) diverged.
+
+        The startup's doubling (``probe_scale``) stops at ``limit`` bytes (probe_limit), never below the probe
+        at scale 1; a probe it bounded is capped (``probe_capped``), as one at a dense step's bytes is."""
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
-        d = self.probe_scale * max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
+        unscaled = max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
+        scaled = self.probe_scale * unscaled
+        d = min(scaled, max(unscaled, limit / per_element / self.numel))
         dense_bytes = dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16)
-        self.probe_capped = d * self.numel * per_element >= dense_bytes
+        self.probe_capped = d < scaled or d * self.numel * per_element >= dense_bytes
         if self.probe_padding:
             d = min(d, dense_bytes / per_element / self.numel)
             return Decision(density=density, fp16=self.fp16, dense=False, pad=max(0.0, d - density))
@@ -667,7 +705,7 @@ class TimeToAccuracyController(Policy):
             return Decision(fp16=self.fp16)
         return Decision(density=d, fp16=self.fp16, dense=False)
 
-    def lowrank_probe(self, rank: int) -> Decision:
+    def lowrank_probe(self, rank: int, limit: float = math.inf) -> Decision:
         """A probe while PowerSGD is chosen: the rank's own step with zeros all_reduced after its Q's, up to
         ``probe_gain`` x its bytes (or what the link needs to be read; never more than a dense fp16 step): the
         link is measured and the model receives an ordinary PowerSGD step. A TopK probe there would switch
@@ -675,9 +713,11 @@ class TimeToAccuracyController(Policy):
         19% TopK probe after 15 steps at rank 4 dropped the test accuracy from 0.67 to 0.56)."""
         matrices, whole = self.low_ranks[rank]
         own = lowrank_allreduce_bytes(matrices, whole, rank, self.world)
-        wanted = self.probe_scale * max(own * self.probe_gain, self.sensor.probe_bytes)
+        unscaled = max(own * self.probe_gain, self.sensor.probe_bytes)
+        scaled = self.probe_scale * unscaled
+        wanted = min(scaled, max(unscaled, limit))  # the startup's doubling, up to limit
         cap = dense_allreduce_bytes(self.numel, self.world, fp16=True)
-        target, self.probe_capped = min(wanted, cap), wanted >= cap
+        target, self.probe_capped = min(wanted, cap), wanted < scaled or wanted >= cap
         pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world)
         return Decision(dense=False, rank=rank, pad=pad / self.numel)
 
