@@ -119,6 +119,8 @@ def comparisons(rows: list[dict], ours: str) -> list[str]:
     for m, r in by.items():
         if m.startswith(f"{ours}-"):
             out.append(f"{ours} / {m} (its own variant): " + ratio_text(times(mine), times(r)))
+        elif ours.startswith(f"{m}-"):
+            out.append(f"{ours} / {m} (the method it varies): " + ratio_text(times(mine), times(r)))
     return out + bar_lines(by, ours)
 
 

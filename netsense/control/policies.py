@@ -425,11 +425,14 @@ class TimeToAccuracyController(Policy):
     law a density off by 2x, a bandwidth off by 2x, costs about 2% a step). With ``probe_cap`` (spec:
     probeCap) a probe's payload is at most ``PROBE_STEPS`` (4) ordinary steps on the wire at the estimated
     rate (``probe_limit``): never less than the probe at scale 1 (the link's read needs fill x L, 4 x L, and
-    a step takes at least L), so it bounds only the doubling. Each round still reads a rate many times the
-    estimate (the payload is 4 steps' worth against a fixed time's jitter) and the bound grows with the
-    estimate, so a rise is found in about as many rounds, each cheaper. A startup probe at that bound which
-    finds nothing ends the startup, as one at a dense step's bytes does (the second round at the same size
-    is for a first, small probe on a cold connection).
+    a step takes at least L), so it bounds only the doubling. A startup probe at that bound which finds
+    nothing ends the startup, as one at a dense step's bytes does (the second round at the same size is for a
+    first, small probe on a cold connection). Asked on development data (dev-probecap-set2..5, paired by
+    seed, testbed/EVALUATION.md) and not adopted by the rule registered with it: it halved the probes' time
+    where the startup had doubled into a drop (set 5's link: 1.61 -> 0.82 s a run, 0.90 [0.81, 0.99] of the
+    time to accuracy), hardly acted on the MLPs' links, and on set 4's link, which moves 20x every half
+    second, did not hold the cost down (1.08 -> 1.41 s, 1.07 [0.84, 1.38]): at a high estimate 4 steps are
+    still megabytes, and a probe costs what the link does when it goes out. Off by default.
 
     A probe costs a step's worth of time or more (its payload must stand out
     of the fixed time: on evaluation set 4's CNN the probes took 2x a step and
