@@ -20,6 +20,9 @@ q): the predicted steps over the measured at each density of the fixed TopK swee
 fitted as the law's scale (geometric mean: the grids have no dense run), and the density each law would choose
 from the sweep's measured step times (the argmin of law x seconds a step) beside the hindsight-best one; and the
 exponent q the task's own sweep fits (the slope of log steps on log 1/d), to set beside the tuning task's 0.109.
+
+With ``--family-prior``: where the family pilot reads nothing (the development conv nets and two MLPs), TopK's steps
+over PowerSGD rank 4's against what the priors give, per task; convTopkPrior is the conv nets' geometric mean.
 """
 
 from __future__ import annotations
@@ -126,12 +129,50 @@ def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
                   f"({sweep[pick][2]:.2f} s, {sweep[pick][2] / sweep[best][2]:.2f}x the best)")
 
 
+# Where the family pilot reads nothing (testbed/results/learnability.md, sections 7 and 9: the conv nets and the MLPs
+# whose loss falls too slowly at first; on fresh-mlp's it reads on some seeds). Development data only (dev-rerun-*, and
+# the spent fresh sets' tasks).
+NO_READING = {"dev-rerun-set1": "conv", "dev-rerun-set4": "conv", "dev-rerun-set5": "conv", "fresh2-cnn32": "conv",
+              "fresh-cnn1d": "conv", "fresh2-syn4": "mlp", "fresh-mlp": "mlp"}
+DENSITY_EXPONENT, LOWRANK_KNEE = 0.109, 2.3  # the candidate's priors: TopK d^-q, PowerSGD 1 + knee/r
+
+
+def family_prior() -> None:
+    """TopK's steps to the target over PowerSGD rank 4's, measured, over what the priors give (d^-q against
+    1 + knee/4), at every density and link of each task where the pilot reads nothing; per task the median,
+    and the geometric mean of the conv nets' medians (tta's convTopkPrior in the candidate)."""
+    medians: dict[str, list[float]] = {}
+    for grid, kind in NO_READING.items():
+        off = []
+        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        for scenario in dict.fromkeys(r["scenario"] for r in rows):
+            by = {r["method"]: r for r in rows if r["scenario"] == scenario}
+            rank4 = by.get("powersgd-r4", {}).get("steps_to_target")
+            for m, r in by.items():
+                if rank4 and m.startswith("topk-") and r.get("steps_to_target") and r.get("tta_mean_s"):
+                    d = parameter(m, "topk-")
+                    priced = d ** -DENSITY_EXPONENT / (1 + LOWRANK_KNEE / 4)
+                    off.append(r["steps_to_target"] / rank4 / priced)
+        medians.setdefault(kind, []).append(statistics.median(off))
+        print(f"{grid} ({kind}): measured / priced TopK-over-rank-4 steps, median {statistics.median(off):.2f} "
+              f"(range {min(off):.2f}-{max(off):.2f}, {len(off)} density x link cells)")
+    conv = medians["conv"]
+    print(f"conv nets: geometric mean of the medians {math.exp(statistics.fmean(map(math.log, conv))):.2f}; "
+          f"MLPs: {', '.join(f'{x:.2f}' for x in medians['mlp'])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
     ap.add_argument("--check", nargs="*", default=[], metavar="GRID",
                     help="evaluation grids (testbed/results/GRID.json) to check the fitted laws on")
+    ap.add_argument("--family-prior", action="store_true",
+                    help="the evidence for convTopkPrior: TopK's steps over PowerSGD rank 4's against the priors, on "
+                         "the development tasks where the family pilot reads nothing")
     args = ap.parse_args()
+    if args.family_prior:
+        family_prior()
+        return
     rows = json.load(open(args.table))
     dense = statistics.fmean(steps(next(r for r in rows if r["method"] == "allreduce")).values())
     per = ratios(rows)

@@ -770,6 +770,18 @@ def test_tta_with_the_power_step_law_sends_about_an_eighth_of_the_fixed_step_and
         TimeToAccuracyController(n, world, step_law="power", learn_knee=True)
 
 
+def test_a_topk_prior_scales_topk_s_steps_until_the_family_pilot_reads_the_task():
+    """convTopkPrior: TopK's steps are priced at the prior's scale x the step law (so PowerSGD wins where TopK's
+    step is not that much cheaper), and a pilot's reading replaces it."""
+    n, world = 1_000_000, 2
+    plain, conv = tta(n, world, step_law="power"), tta(n, world, step_law="power", topk_scale=1.3)
+    assert conv.steps_factor(0.004) == pytest.approx(1.3 * plain.steps_factor(0.004))
+    conv.read_family_pilot(1.2, 0.01, 4)
+    plain.read_family_pilot(1.2, 0.01, 4)
+    assert conv.topk_scale == plain.topk_scale
+    assert conv.steps_factor(0.01) == pytest.approx(1.2 * conv.lowrank_steps_factor(4))
+
+
 def test_a_padded_probe_is_as_large_as_a_plain_one_but_sends_only_the_ordinary_selection():
     """probePadding: the probe's bytes are the same (capped at a dense fp16 step's), its selection the
     ordinary density; where a plain probe would go dense (and flush the residual) a padded one stays sparse."""

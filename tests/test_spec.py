@@ -257,7 +257,8 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
                                "adaptiveProbing": True, "probePadding": False, "probeCap": False, "lowRanks": [],
                                "lowRankKnee": 2.3,
-                               "lowRankMomentumCorrection": False, "familyPilot": False, "familyPilotExponent": PILOT_EXPONENT}
+                               "lowRankMomentumCorrection": False, "familyPilot": False, "convTopkPrior": 1.0,
+                               "familyPilotExponent": PILOT_EXPONENT}
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default
 

@@ -66,6 +66,11 @@ def ddp_options(config: dict | str | None, backend: str) -> dict:
     return {}
 
 
+def has_conv(model: torch.nn.Module) -> bool:
+    """Whether the model has a convolution layer (tta's convTopkPrior applies to such models)."""
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
              process_group: dist.ProcessGroup | None = None, seed: int = 0,
              momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False) -> MeasuredState:
@@ -105,7 +110,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
             step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
-            probe_cap=c["probeCap"]),
+            probe_cap=c["probeCap"], topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

@@ -274,7 +274,7 @@ def run(policy, model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, to
     else:
         dist.all_reduce(totals, group=group)
     h = reading(totals.tolist())
-    out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": 1.0}
+    out: dict = {"reading": None, "topk_over_lowrank_steps": None, "topk_scale": round(policy.topk_scale, 4)}
     if h is not None:
         ratio = calibrated_ratio(h, exponent)
         policy.read_family_pilot(ratio, DENSITY, RANK)

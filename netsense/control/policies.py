@@ -382,7 +382,18 @@ class TimeToAccuracyController(Policy):
     so that the two priors' ratio there is R: PowerSGD's prior is kept (its steps over the dense steps
     transfer: 1.04-1.16x at rank 4 on every task measured), and so is the law's shape in d, so d* does not
     move; what moves is the family (and dense against TopK). Where the forks read nothing (no fork got
-    there), topk_scale stays 1.
+    there), topk_scale stays at its prior: 1, or ``topk_scale`` given (spec convTopkPrior, for a model with
+    convolution layers; the hook passes it only for such a model).
+
+    The pilot reads nothing on the conv nets (their loss falls slowly at first: no fork gets to 0.8 of its
+    first loss by step 4), and there the priors misprice TopK against PowerSGD: on the development sets' four
+    conv nets TopK took a median 1.29-1.42x (digits, digits32) and 1.15x (MNIST-1D) the steps the priors give
+    it against rank 4, over every density and link measured, where on the two MLPs the pilot cannot read
+    either it took 0.86x and 1.07x (testbed/EVALUATION.md: the tables' steps to the target). Global TopK
+    may starve the conv kernels, a few small tensors beside the dense layers, whose updates then wait in the
+    residual, where PowerSGD updates every layer every step; whatever the cause, convTopkPrior (1.3 in the
+    candidate, the geometric mean of the conv nets' medians; 1 by default) scales TopK's prior on such models
+    until a reading replaces it.
 
     Communication that overlaps the backward pass is not counted as free: on
     CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
@@ -472,7 +483,7 @@ class TimeToAccuracyController(Policy):
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
                  low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3,
                  step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False,
-                 probe_cap: bool = False):
+                 probe_cap: bool = False, topk_scale: float = 1.0):
         self.numel, self.world = numel, world
         if step_law not in ("inverse", "power") or (step_law == "power" and learn_knee):
             raise ValueError(f"step_law {step_law!r}: inverse, or power without learn_knee")
@@ -482,7 +493,9 @@ class TimeToAccuracyController(Policy):
         # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
-        self.topk_scale = 1.0  # TopK's step law x this: set by the family pilot (read_family_pilot), else 1
+        # TopK's step law x this: the family pilot's reading (read_family_pilot) replaces it; until then (or without
+        # one) the prior's (spec convTopkPrior on a model with convolutions, else 1)
+        self.topk_scale = topk_scale
         self.start_rank = 0  # PowerSGD's rank of the steps the run has already taken (adopted), else 0: first()
         # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured); all
         # fixed until two ranks have run (SelectionCost: else the first rank run is never left)

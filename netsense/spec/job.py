@@ -363,6 +363,12 @@ COMPRESSION = Union("method", {
                                   "ratio this reads (R = reading ^ familyPilotExponent): the family is chosen for "
                                   "this task; its time is on the training clock. Needs lowRanks and optimizer sgd; "
                                   "a job of one worker has nothing to choose and runs none"), default=False),
+        "convTopkPrior": F(Float(min=0, exclusive_min=True,
+                                 doc="where the model has convolution layers and no family pilot reading "
+                                     "stands (no pilot, or no fork got to its level), TopK's step prior x this "
+                                     "against PowerSGD's; on the development conv nets TopK took 1.15-1.42x "
+                                     "the steps the priors give it against PowerSGD rank 4, on the MLPs 0.86-1.07x "
+                                     "(testbed/EVALUATION.md); 1: the priors as they are"), default=1.0),
         "familyPilotExponent": F(Float(min=0, exclusive_min=True,
                                        doc="maps the pilot's reading h to the steps ratio R = h^exponent; "
                                            f"{PILOT_EXPONENT} fitted on the development tasks "
