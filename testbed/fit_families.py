@@ -130,7 +130,7 @@ def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
 
 
 # Where the family pilot reads nothing (testbed/results/learnability.md, sections 7 and 9: the conv nets and the MLPs
-# whose loss falls too slowly at first; on fresh-mlp's it reads on some seeds). Development data only (dev-rerun-*, and
+# whose loss falls too slowly at first; on fresh-mlp's it reads on 7 of 10 seeds). Development data only (dev-rerun-*, and
 # the spent fresh sets' tasks).
 NO_READING = {"dev-rerun-set1": "conv", "dev-rerun-set4": "conv", "dev-rerun-set5": "conv", "fresh2-cnn32": "conv",
               "fresh-cnn1d": "conv", "fresh2-syn4": "mlp", "fresh-mlp": "mlp"}

@@ -38,6 +38,9 @@ from the task that ranks the tasks as their step counts do. Four readings, each 
 8. Halting at other levels: h and the slower fork's steps if the forks stopped when the probe loss first fell
    to 0.5-0.8 of its first value (the pilot halts at 0.8 since 2026-12-05, at 0.5 before), from forks read at
    every step up to the cap.
+9. Where the pilot reads nothing (the CNNs, the synthetic task's MLP, MNIST-1D's models): the same forks'
+   curves read without a level, TopK's steps over PowerSGD's to the same probe loss after 4, 8 and 16 steps,
+   against each task's measured ratio (the spent fresh sets' tasks beside the development ones).
 
 Nothing here is tuned but section 6's exponent and section 7's checkpoints, fitted on these development tasks
 (the fresh evaluation set judges them); the rest reads the final run and measures gradients.
@@ -80,6 +83,7 @@ class Task:
     lr: float
     momentum: float
     workers: int = 1
+    dataset_settings: tuple[tuple[str, object], ...] = ()  # the dataset's own fields (syntheticSamples, ...)
 
     @property
     def label(self) -> str:
@@ -91,8 +95,9 @@ def grid_task(grid: str) -> Task:
     _, cells, _ = load_grid(os.path.join("testbed", "grids", f"{grid}.yaml"))
     job = parse_job(cells[0].job)
     t = job.training
+    own = tuple(sorted((k, v) for k, v in t.items() if k.startswith(t["dataset"]) and k != "dataset"))
     return Task(t["model"], t["hiddenSize"], t["dataset"], job.workers * t["batchSize"], t["lr"], t["momentum"],
-                job.workers)
+                job.workers, own)
 
 
 def _steps(r: dict | None, dense: float | None, density: bool) -> str:
@@ -150,7 +155,7 @@ Step = tuple  # ("dense",) | ("topk", density, error_feedback) | ("powersgd", ra
 
 def _setup(task: Task, seed: int):
     torch.manual_seed(seed)
-    data = load_dataset({"dataset": task.dataset, "seed": seed})
+    data = load_dataset({"dataset": task.dataset, "seed": seed, **dict(task.dataset_settings)})
     net = build_model(task.model, data.input_shape, data.classes, task.hidden)
     fixed = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(99))[:512]
     return data, net, fixed
@@ -541,11 +546,66 @@ def halting_levels() -> list[str]:
     return out
 
 
+# Section 9: the spent fresh sets' tasks (development data since they were judged) beside the development tasks.
+EARLY_TASKS = {**TASKS, "syn4 (fresh2-syn4)": "fresh2-syn4", "cnn32 (fresh2-cnn32)": "fresh2-cnn32",
+               "cnn1d (fresh-cnn1d)": "fresh-cnn1d", "mlp1d (fresh-mlp)": "fresh-mlp"}
+SAME_LOSS_STEPS = (4, 8, 16)
+
+
+def same_loss_reading(topk: list[float], lowrank: list[float], steps: int) -> float | None:
+    """TopK's steps over PowerSGD's to the same probe loss after ``steps`` steps of each (the slower one's loss
+    there, reached by the faster one at a fractional step); None where either fork's loss there is not below its
+    first (nothing learned yet to compare) or a curve is shorter."""
+    if min(len(topk), len(lowrank)) <= steps or topk[steps] >= topk[0] or lowrank[steps] >= lowrank[0]:
+        return None
+    if topk[steps] >= lowrank[steps]:
+        return steps / pilot.steps_to(lowrank[:steps + 1], topk[steps])
+    return pilot.steps_to(topk[:steps + 1], lowrank[steps]) / steps
+
+
+def table_family_ratio(results: str, grid: str) -> str:
+    """TopK+EF 1%'s steps to the target over PowerSGD r4's, per scenario of a grid's committed table (- where
+    either did not reach it)."""
+    path = os.path.join(results, f"{MEASURED_GRIDS.get(grid, grid)}.json")
+    by: dict[str, dict[str, float]] = {}
+    for r in json.load(open(path)):
+        by.setdefault(r["scenario"], {})[r["method"]] = r.get("steps_to_target")
+    return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" if m.get("topk-0.01") and m.get("powersgd-r4")
+                    else "-" for m in by.values())
+
+
+def early_readings(results: str) -> list[str]:
+    """Where the pilot reads nothing (its forks do not get to its level in time), could the forks' curves say
+    more without a level? Per task: the measured ratio, and the same-loss reading after SAME_LOSS_STEPS steps of
+    the pilot's forks (as the workers run them, never stopped early), over FAMILY_SEEDS."""
+    rows = ["| task | the pilot reads (seeds) | measured: TopK+EF 1% / PowerSGD r4 steps, per scenario | "
+            + " | ".join(f"read after {n} steps: median [min, max] (seeds read)" for n in SAME_LOSS_STEPS) + " |",
+            "| --- | ---: | ---: |" + " ---: |" * len(SAME_LOSS_STEPS)]
+    for name, grid in EARLY_TASKS.items():
+        task = grid_task(grid)
+        read: dict[int, list[float]] = {n: [] for n in SAME_LOSS_STEPS}
+        for seed in FAMILY_SEEDS:
+            curves: dict[str, list[list[float]]] = {}
+            for fork, losses in unstopped_forks(task, seed):
+                curves.setdefault(fork.family, []).append([losses[k] for k in sorted(losses)])
+            mean = {f: [sum(c[i] for c in cs) / len(cs) for i in range(min(map(len, cs)))] for f, cs in curves.items()}
+            for n in SAME_LOSS_STEPS:
+                r = same_loss_reading(mean["topk"], mean["powersgd"], n)
+                if r is not None:
+                    read[n].append(r)
+        cells = [f"{statistics.median(x):.2f} [{min(x):.2f}, {max(x):.2f}] ({len(x)})" if x else "- (0)"
+                 for x in read.values()]
+        reads = sum(split_pilot_reading(task, seed) is not None for seed in FAMILY_SEEDS)
+        rows.append(f"| {name} | {reads}/{len(FAMILY_SEEDS)} | {table_family_ratio(results, grid)} | "
+                    + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
     p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
-    p.add_argument("--sections", default="1,2,3,4,5,6,7,8", help="which sections to print (comma-separated)")
+    p.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to print (comma-separated)")
     p.add_argument("--pilot-rows", action="store_true", help="section 5: only the pilot's two rows (the rest "
                                                                 "takes most of the time)")
     a = p.parse_args()
@@ -571,6 +631,9 @@ def main() -> None:
         (8, f"Halting at other levels: the pilot's reading h if the forks stopped at {HALT_LEVELS} x the first probe "
             f"loss (seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]}, every fork read at every step to {pilot.MAX_STEPS})",
          halting_levels),
+        (9, f"Where the pilot reads nothing: TopK's steps over PowerSGD's to the same probe loss after "
+            f"{SAME_LOSS_STEPS} steps of the forks, no level (seeds {FAMILY_SEEDS[0]}-{FAMILY_SEEDS[-1]})",
+         lambda: early_readings(a.results)),
     ]
     for number, title, rows in sections:
         if number in want:

@@ -388,8 +388,9 @@ class TimeToAccuracyController(Policy):
     The pilot reads nothing on the conv nets (their loss falls slowly at first: no fork gets to 0.8 of its
     first loss by step 4), and there the priors misprice TopK against PowerSGD: on the development sets' four
     conv nets TopK took a median 1.29-1.42x (digits, digits32) and 1.15x (MNIST-1D) the steps the priors give
-    it against rank 4, over every density and link measured, where on the two MLPs the pilot cannot read
-    either it took 0.86x and 1.07x (testbed/EVALUATION.md: the tables' steps to the target). Global TopK
+    it against rank 4, over every density and link measured, where on the synthetic task's MLP (no reading
+    either) it took 1.07x and on MNIST-1D's 0.86x (testbed/EVALUATION.md: the tables' steps to the target;
+    testbed/fit_families.py --family-prior). Global TopK
     may starve the conv kernels, a few small tensors beside the dense layers, whose updates then wait in the
     residual, where PowerSGD updates every layer every step; whatever the cause, convTopkPrior (1.3 in the
     candidate, the geometric mean of the conv nets' medians; 1 by default) scales TopK's prior on such models
