@@ -301,15 +301,20 @@ FAMILY_SEEDS = tuple(range(10))
 MEASURED_GRIDS = {"ci": "tune-families", "eval": "eval", "eval2": "eval2", "eval3": "eval3", "eval4": "eval4"}
 
 
-def measured_family_ratio(results: str, grid: str) -> str:
-    """TopK+EF 1%'s steps to the target over PowerSGD r4's, per scenario of the grid's committed table."""
-    path = os.path.join(results, f"{MEASURED_GRIDS[grid]}.json")
+def table_family_ratio(results: str, grid: str) -> str:
+    """TopK+EF 1%'s steps to the target over PowerSGD r4's, per scenario of a grid's committed table (- where
+    either did not reach it)."""
+    path = os.path.join(results, f"{MEASURED_GRIDS.get(grid, grid)}.json")
     by: dict[str, dict[str, float]] = {}
     for r in json.load(open(path)):
-        if r.get("steps_to_target"):
-            by.setdefault(r["scenario"], {})[r["method"]] = r["steps_to_target"]
-    return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" for m in by.values()
-                    if "topk-0.01" in m and "powersgd-r4" in m)
+        by.setdefault(r["scenario"], {})[r["method"]] = r.get("steps_to_target")
+    return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" if m.get("topk-0.01") and m.get("powersgd-r4")
+                    else "-" for m in by.values())
+
+
+def measured_family_ratio(results: str, grid: str) -> str:
+    """table_family_ratio over the scenarios where both reached the target."""
+    return " ".join(x for x in table_family_ratio(results, grid).split() if x != "-")
 
 
 def forked_family_reading(task: Task, seed: int, steps: int) -> float:
@@ -561,17 +566,6 @@ def same_loss_reading(topk: list[float], lowrank: list[float], steps: int) -> fl
     if topk[steps] >= lowrank[steps]:
         return steps / pilot.steps_to(lowrank[:steps + 1], topk[steps])
     return pilot.steps_to(topk[:steps + 1], lowrank[steps]) / steps
-
-
-def table_family_ratio(results: str, grid: str) -> str:
-    """TopK+EF 1%'s steps to the target over PowerSGD r4's, per scenario of a grid's committed table (- where
-    either did not reach it)."""
-    path = os.path.join(results, f"{MEASURED_GRIDS.get(grid, grid)}.json")
-    by: dict[str, dict[str, float]] = {}
-    for r in json.load(open(path)):
-        by.setdefault(r["scenario"], {})[r["method"]] = r.get("steps_to_target")
-    return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" if m.get("topk-0.01") and m.get("powersgd-r4")
-                    else "-" for m in by.values())
 
 
 def early_readings(results: str) -> list[str]:
