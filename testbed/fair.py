@@ -219,7 +219,8 @@ def variant_ratios(rows: list[dict], ours: str) -> list[float]:
     return out
 
 
-def report(grid: str, table: str, ours: str, before: str) -> None:
+def report(grid: str, table: str, ours: str, before: str) -> list[float]:
+    """Print the grid's report; returns ours against the method it varies, per scenario (variant_ratios)."""
     rows = json.load(open(table))
     code = rows[0].get("code_commit") or rows[0].get("commit") or "unknown"
     print(f"# {grid}: recomputed from the per-seed records (package as last changed in {code[:12]})\n")
@@ -233,6 +234,7 @@ def report(grid: str, table: str, ours: str, before: str) -> None:
                   f"{slowdown(here, cells):.2f}x their method's mean TTA over its other seeds (geometric mean):")
             print("\n".join(comparisons(without(here, cells), ours)))
         print()
+    return variant_ratios(rows, ours)
 
 
 def main() -> None:
@@ -248,9 +250,8 @@ def main() -> None:
     grids = args.grid.split(",") if args.grid else [g for g in FAIR if os.path.exists(os.path.join(RESULTS, f"{g}.json"))]
     ratios = []
     for grid in grids:
-        table = args.table or os.path.join(RESULTS, f"{grid}.json")
-        report(grid, table, args.ours, args.before or FAIR.get(grid, ""))
-        ratios += variant_ratios(json.load(open(table)), args.ours)
+        ratios += report(grid, args.table or os.path.join(RESULTS, f"{grid}.json"), args.ours,
+                         args.before or FAIR.get(grid, ""))
     if ratios:  # a development grid's rule: ours against the method it varies, over every scenario printed
         print(f"{args.ours} / the method it varies, geometric mean over the {len(ratios)} scenarios' paired ratios: "
               f"{math.exp(statistics.fmean(map(math.log, ratios))):.3f} (per scenario {min(ratios):.2f}-{max(ratios):.2f})")
