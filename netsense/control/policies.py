@@ -696,6 +696,13 @@ class TimeToAccuracyController(Policy):
             return self.probe_every
         return self.probe_every * min(self.MAX_PROBE_SPACING, 2 ** self.quiet_probes)
 
+    def doubled(self, unscaled: float, limit: float) -> tuple[float, bool]:
+        """A probe's size (in ``unscaled``'s units): the startup's doubling (``probe_scale``) of it, stopped at
+        ``limit`` (probe_limit) but never below ``unscaled``; and whether the limit stopped it."""
+        scaled = self.probe_scale * unscaled
+        size = min(scaled, max(unscaled, limit))
+        return size, size < scaled
+
     def probe(self, density: float, limit: float = math.inf) -> Decision:
         """A step whose payload measures the link: ``probe_gain`` x the density, or more if that is too small
         to tell the link from the collectives' fixed time; dense fp16 where a sparse probe would carry more.
@@ -711,10 +718,9 @@ class TimeToAccuracyController(Policy):
         at scale 1; a probe it bounded is capped (``probe_capped``), as one at a dense step's bytes is."""
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         unscaled = max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
-        scaled = self.probe_scale * unscaled
-        d = min(scaled, max(unscaled, limit / per_element / self.numel))
+        d, bounded = self.doubled(unscaled, limit / per_element / self.numel)
         dense_bytes = dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16)
-        self.probe_capped = d < scaled or d * self.numel * per_element >= dense_bytes
+        self.probe_capped = bounded or d * self.numel * per_element >= dense_bytes
         if self.probe_padding:
             d = min(d, dense_bytes / per_element / self.numel)
             return Decision(density=density, fp16=self.fp16, dense=False, pad=max(0.0, d - density))
@@ -730,11 +736,9 @@ class TimeToAccuracyController(Policy):
         19% TopK probe after 15 steps at rank 4 dropped the test accuracy from 0.67 to 0.56)."""
         matrices, whole = self.low_ranks[rank]
         own = lowrank_allreduce_bytes(matrices, whole, rank, self.world)
-        unscaled = max(own * self.probe_gain, self.sensor.probe_bytes)
-        scaled = self.probe_scale * unscaled
-        wanted = min(scaled, max(unscaled, limit))  # the startup's doubling, up to limit
+        wanted, bounded = self.doubled(max(own * self.probe_gain, self.sensor.probe_bytes), limit)
         cap = dense_allreduce_bytes(self.numel, self.world, fp16=True)
-        target, self.probe_capped = min(wanted, cap), wanted < scaled or wanted >= cap
+        target, self.probe_capped = min(wanted, cap), bounded or wanted >= cap
         pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world)
         return Decision(dense=False, rank=rank, pad=pad / self.numel)
 
