@@ -506,8 +506,7 @@ def test_a_startup_probe_as_large_as_a_dense_step_is_not_repeated():
 
 def startup_probes(cap: bool, rates: list[float]) -> list[tuple[float, float]]:
     """(wire bytes, busy seconds) of each probe of a 3-worker run over a link at these rates a step (20-40 ms of
-    fixed time, 45 ms of compute: set 5's CNN on its 3-worker link), and PROBE_STEPS x the chosen step's predicted
-    seconds at the estimate."""
+    fixed time, 45 ms of compute: set 5's CNN on its 3-worker link)."""
     n, world = 2_180_000, 3
     c = tta(n, world, step_law="power", probe_padding=True, probe_cap=cap)
     probes = []
