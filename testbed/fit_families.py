@@ -23,6 +23,9 @@ exponent q the task's own sweep fits (the slope of log steps on log 1/d), to set
 
 With ``--family-prior``: where the family pilot reads nothing (the development conv nets and two MLPs), TopK's steps
 over PowerSGD rank 4's against what the priors give, per task; convTopkPrior is the conv nets' geometric mean.
+
+With ``--ranks GRID...``: PowerSGD's steps to the target at each rank over rank 4's, per grid, beside what the
+low-rank law ``1 + lowRankKnee / r`` (lowRankKnee 2.3, fitted on the tuning set) gives for the same ratio.
 """
 
 from __future__ import annotations
@@ -161,6 +164,28 @@ def family_prior() -> None:
           f"MLPs: {', '.join(f'{x:.2f}' for x in medians['mlp'])}")
 
 
+def rank_check(grids: list[str]) -> None:
+    """Per grid, PowerSGD's steps to the target at each rank over rank 4's (geometric mean over the seeds both
+    reached) against the law's (1 + knee/r) / (1 + knee/4). A fixed method's steps do not depend on the link
+    (one seed trains the same on every link), so each seed counts once: its first scenario in the table."""
+    law = lambda r: (1 + LOWRANK_KNEE / r) / (1 + LOWRANK_KNEE / 4)  # noqa: E731
+    for grid in grids:
+        per_rank: dict[float, dict[int, int]] = {}
+        for r in json.load(open(os.path.join(RESULTS, f"{grid}.json"))):
+            if r["method"].startswith("powersgd-r"):
+                mine = per_rank.setdefault(parameter(r["method"], "powersgd-r"), {})
+                for seed, n in steps(r).items():
+                    mine.setdefault(seed, n)
+        base = per_rank.get(4)
+        cells = []
+        for rank, mine in sorted(per_rank.items()):
+            common = sorted(set(mine) & set(base or {}))
+            if rank != 4 and common:
+                g = math.exp(statistics.fmean(math.log(mine[s] / base[s]) for s in common))
+                cells.append(f"rank {rank:g} {g:.2f} (law {law(rank):.2f}, {len(common)} seeds)")
+        print(f"{grid}: steps over rank 4's: " + ("; ".join(cells) if cells else "- (no rank 4 and another rank)"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
@@ -169,7 +194,12 @@ def main() -> None:
     ap.add_argument("--family-prior", action="store_true",
                     help="the evidence for convTopkPrior: TopK's steps over PowerSGD rank 4's against the priors, on "
                          "the development tasks where the family pilot reads nothing")
+    ap.add_argument("--ranks", nargs="*", default=None, metavar="GRID",
+                    help="PowerSGD's steps at each rank over rank 4's on these grids, against the low-rank law")
     args = ap.parse_args()
+    if args.ranks is not None:
+        rank_check(args.ranks)
+        return
     if args.family_prior:
         family_prior()
         return
