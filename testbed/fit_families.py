@@ -167,22 +167,16 @@ def family_prior() -> None:
 def rank_check(grids: list[str]) -> None:
     """Per grid, PowerSGD's steps to the target at each rank over rank 4's (geometric mean over the seeds both
     reached) against the law's (1 + knee/r) / (1 + knee/4). A fixed method's steps do not depend on the link
-    (one seed trains the same on every link), so each seed counts once: its first scenario in the table."""
+    (one seed trains the same on every link), so each seed counts once: the table's first scenario."""
     law = lambda r: (1 + LOWRANK_KNEE / r) / (1 + LOWRANK_KNEE / 4)  # noqa: E731
     for grid in grids:
-        per_rank: dict[float, dict[int, int]] = {}
-        for r in json.load(open(os.path.join(RESULTS, f"{grid}.json"))):
-            if r["method"].startswith("powersgd-r"):
-                mine = per_rank.setdefault(parameter(r["method"], "powersgd-r"), {})
-                for seed, n in steps(r).items():
-                    mine.setdefault(seed, n)
-        base = per_rank.get(4)
+        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        low = [r for r in rows if r["scenario"] == rows[0]["scenario"] and r["method"].startswith("powersgd-r")]
+        per = ratios(low, dense="powersgd-r4") if any(r["method"] == "powersgd-r4" for r in low) else {}
         cells = []
-        for rank, mine in sorted(per_rank.items()):
-            common = sorted(set(mine) & set(base or {}))
-            if rank != 4 and common:
-                g = math.exp(statistics.fmean(math.log(mine[s] / base[s]) for s in common))
-                cells.append(f"rank {rank:g} {g:.2f} (law {law(rank):.2f}, {len(common)} seeds)")
+        for rank, xs in sorted((parameter(m, "powersgd-r"), xs) for m, xs in per.items()):
+            g = math.exp(statistics.fmean(map(math.log, xs)))
+            cells.append(f"rank {rank:g} {g:.2f} (law {law(rank):.2f}, {len(xs)} seeds)")
         print(f"{grid}: steps over rank 4's: " + ("; ".join(cells) if cells else "- (no rank 4 and another rank)"))
 
 
