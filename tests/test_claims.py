@@ -30,6 +30,13 @@ def test_every_number_of_the_readmes_marked_blocks_is_printed_by_the_recompute_s
         assert not missing, f"README numbers `testbed/fair.py{args}` does not print: {missing}"
 
 
+def _load(script: str):
+    spec = importlib.util.spec_from_file_location(script, os.path.join(REPO, "testbed", f"{script}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _row(method: str, ttas: list[float | None], after: float | None = None) -> dict:
     row = {"method": method, "per_seed": [{"seed": s, "time_to_accuracy_s": t} for s, t in enumerate(ttas)]}
     if after is not None:
@@ -40,10 +47,7 @@ def _row(method: str, ttas: list[float | None], after: float | None = None) -> d
 def test_the_recompute_script_judges_issue_36s_bar_against_the_fastest_other_method():
     """Within 1.1x of the fastest other method (our own variants are not others; a method that missed a seed has
     no mean), and accuracy after equal epochs within 0.5 points of the fastest fixed method's."""
-    spec = importlib.util.spec_from_file_location("fair", os.path.join(REPO, "testbed", "fair.py"))
-    fair = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fair)
-    bar_lines = fair.bar_lines
+    bar_lines = _load("fair").bar_lines
 
     rows = {r["method"]: r for r in [
         _row("tta-lowranks-pilot", [1.1, 1.1], after=0.842), _row("tta-lowranks", [0.5, 0.5]),
@@ -56,3 +60,31 @@ def test_the_recompute_script_judges_issue_36s_bar_against_the_fastest_other_met
     rows["tta-lowranks-pilot"] = _row("tta-lowranks-pilot", [1.2, 1.2], after=0.83)
     slow = bar_lines(rows, "tta-lowranks-pilot")
     assert "= 1.20: NOT within 1.1x" in slow[0] and "1.5 points behind, NOT within 0.5" in slow[1]
+
+
+def test_the_decomposition_prices_the_fixed_options_with_the_controllers_law_and_each_runs_topk_scale():
+    """testbed/regret.py: the priors' pick is the option the candidate's own step law (power, q 0.109; PowerSGD
+    1 + 2.3/r) makes cheapest at each option's measured seconds a step, under the TopK scale the seed's run set
+    (the family pilot's reading); the decision's and the running's ratios multiply to ours over the fastest."""
+    regret = _load("regret")
+    ctl = regret.controller({"method": "tta", "stepLaw": "power", "lowRanks": [4]})
+
+    def fixed(method: str, steps: int, step_s: float) -> dict:
+        return {"method": method, "per_seed": [{"seed": s, "steps_to_target": steps,
+                                                "time_to_accuracy_s": steps * step_s * (1 + s / 100)} for s in range(5)]}
+
+    def ours(scales: list[float], tta: float) -> dict:
+        return {"method": "tta-x", "per_seed": [{"seed": s, "time_to_accuracy_s": tta * (1 + s / 100),
+                                                 "family_pilot": {"topk_scale": x}} for s, x in enumerate(scales)]}
+
+    # TopK 1%: 1.0 s (priced 0.01^-0.109 = 1.65 x 10 ms), PowerSGD rank 4: 1.2 s (priced 1.575 x 15 ms).
+    rows = [fixed("topk-0.01", 100, 0.010), fixed("powersgd-r4", 80, 0.015)]
+    lines = regret.scenario_lines("g", "s", rows + [ours([1.0] * 5, 1.3)], "tta-x", ctl)
+    assert "fastest fixed option topk-0.01 (1.02 s)" in lines[0] and "topk-0.01 on 5 seeds" in lines[0]
+    assert lines[1].endswith("(the decision): 1.00 [1.00, 1.00]")
+    assert "over its pick (the running): 1.30 [1.30, 1.30]" in lines[2]
+    # A pilot that read TopK at 2x on three seeds moves those seeds' pick to PowerSGD (2 x 16.5 ms > 23.6 ms).
+    lines = regret.scenario_lines("g", "s", rows + [ours([2.0, 2.0, 2.0, 1.0, 1.0], 1.3)], "tta-x", ctl)
+    assert "powersgd-r4 on 3 seeds, topk-0.01 on 2 seeds" in lines[0]
+    decision, running, total = (float(re.search(r": (\d+\.\d+)", line).group(1)) for line in lines[1:])
+    assert abs(decision * running - total) < 0.015 and decision > 1  # printed to two decimals

@@ -1,0 +1,138 @@
+"""Where the candidate's time goes: its decision (the family and setting its step priors pick) or its running of
+it (the bandwidth probes, the family pilot, the estimates, switching), recomputed from committed tables alone.
+
+    python testbed/regret.py --grid fresh3-allconv-static,fresh3-allconv-fluctuating --ours tta-lowranks-pilot-power-conv
+
+Per scenario, among the fixed options that reached the target on every seed (each fixed TopK density and PowerSGD
+rank of the grid):
+
+- the fastest fixed option (hindsight: the least mean time to accuracy);
+- the priors' pick: the option ours's own step priors would choose if it knew each option's seconds a step as
+  measured (the mean over the seeds of time to accuracy / steps): argmin of (steps over the dense steps, by the
+  controller's own law: TimeToAccuracyController.steps_factor and lowrank_steps_factor, with each seed's TopK
+  scale as its run set it: the family pilot's reading, or the conv prior, or 1) x (seconds a step). On a link
+  that moves this prices one option for the whole run at its mean step time: a fixed choice, not the best
+  adaptive one;
+- three paired ratios, seed by seed (geometric mean, Student's t 95% interval on the log ratios): the pick over
+  the fastest (what the decision costs), ours over the pick (what running it costs, beside the option it would
+  choose from the outside), ours over the fastest (their product, seed by seed).
+
+So a scenario where the pick is the fastest option and ours is 1.3x behind it lost its time to the running, not
+the priors; one where the pick is 1.3x behind the fastest and ours level with the pick lost it to the priors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run from a checkout without installing netsense
+
+from netsense.bench.grid import load_grid  # noqa: E402
+from netsense.bench.stats import paired_ratio  # noqa: E402
+from netsense.compression import validate_config  # noqa: E402
+from netsense.control.policies import TimeToAccuracyController  # noqa: E402
+
+RESULTS = os.path.join(REPO, "testbed", "results")
+GRIDS = os.path.join(REPO, "testbed", "grids")
+
+
+def option(method: str) -> tuple[str, float] | None:
+    """("topk", density) or ("powersgd", rank) for a fixed method's name, else None."""
+    for prefix, kind in (("topk-", "topk"), ("powersgd-r", "powersgd")):
+        if method.startswith(prefix):
+            try:
+                return kind, float(method[len(prefix):])
+            except ValueError:
+                return None
+    return None
+
+
+def controller(config: dict) -> TimeToAccuracyController:
+    """A controller with ours's step priors (its validated compression settings, defaults filled)."""
+    c = validate_config(config)
+    return TimeToAccuracyController(numel=1, world=2, knee=c["kneeDensity"], step_law=c["stepLaw"],
+                                    density_exponent=c["densityExponent"], lowrank_knee=c["lowRankKnee"])
+
+
+def steps_factor(ctl: TimeToAccuracyController, opt: tuple[str, float], topk_scale: float) -> float:
+    kind, x = opt
+    if kind == "powersgd":
+        return ctl.lowrank_steps_factor(int(x))
+    ctl.topk_scale = topk_scale
+    return ctl.steps_factor(x)
+
+
+def times(row: dict) -> dict[int, float | None]:
+    return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
+
+
+def fixed_options(rows: list[dict]) -> dict[str, tuple[tuple[str, float], float, dict[int, float | None]]]:
+    """method -> (option, mean seconds a step, seed -> TTA) for each fixed option every seed of took to the target."""
+    out = {}
+    for r in rows:
+        opt, seeds = option(r["method"]), r.get("per_seed", [])
+        if opt and seeds and all(s.get("steps_to_target") and s.get("time_to_accuracy_s") for s in seeds):
+            step_s = statistics.fmean(s["time_to_accuracy_s"] / s["steps_to_target"] for s in seeds)
+            out[r["method"]] = (opt, step_s, times(r))
+    return out
+
+
+def ratio_text(mine: dict, theirs: dict) -> str:
+    ratio, lo, hi, n = paired_ratio(mine, theirs)
+    if ratio is None:
+        return "no common seed"
+    return f"{ratio:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else f" ({n} seeds, no interval)")
+
+
+def scenario_lines(grid: str, scenario: str, rows: list[dict], ours: str, ctl: TimeToAccuracyController) -> list[str]:
+    fixed = fixed_options(rows)
+    mine = next((r for r in rows if r["method"] == ours), None)
+    if mine is None or len(fixed) < 2:
+        return [f"{grid} {scenario}: needs {ours} and two fixed options that reached the target on every seed"]
+    fastest = min(fixed, key=lambda m: statistics.fmean(t for t in fixed[m][2].values()))
+    picks: dict[int, str] = {}  # seed -> the priors' pick with that seed's TopK scale
+    for s in mine["per_seed"]:
+        scale = (s.get("family_pilot") or {}).get("topk_scale") or 1.0
+        picks[s["seed"]] = min(fixed, key=lambda m: steps_factor(ctl, fixed[m][0], scale) * fixed[m][1])
+    pick_times = {seed: fixed[m][2].get(seed) for seed, m in picks.items()}
+    chosen = statistics.multimode(picks.values())
+    named = ", ".join(f"{m} on {sum(p == m for p in picks.values())} seeds" for m in sorted(set(picks.values())))
+    mean = statistics.fmean(fixed[fastest][2].values())
+    return [f"{grid} {scenario}: fastest fixed option {fastest} ({mean:.2f} s); the priors' pick, given each "
+            f"option's measured seconds a step: {named}",
+            f"  the pick over the fastest (the decision): {ratio_text(pick_times, fixed[fastest][2])}",
+            f"  {ours} over its pick (the running): {ratio_text(times(mine), pick_times)}"
+            + (f"; over {chosen[0]} alone: {ratio_text(times(mine), fixed[chosen[0]][2])}" if len(set(picks.values())) > 1 else ""),
+            f"  {ours} over the fastest: {ratio_text(times(mine), fixed[fastest][2])}"]
+
+
+def report(grid: str, ours: str) -> list[str]:
+    rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+    _, cells, _ = load_grid(os.path.join(GRIDS, f"{grid}.yaml"))
+    config = next((c.job["spec"]["compression"] for c in cells if c.method == ours), None)
+    if config is None:
+        raise SystemExit(f"--ours {ours}: not a method of testbed/grids/{grid}.yaml")
+    ctl = controller(config)
+    lines = []
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        lines += scenario_lines(grid, scenario, [r for r in rows if r["scenario"] == scenario], ours, ctl)
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", required=True, help="comma-separated grids (testbed/results/GRID.json and "
+                                                  "testbed/grids/GRID.yaml)")
+    ap.add_argument("--ours", required=True, help="the tta method of those grids whose time is split")
+    args = ap.parse_args()
+    for grid in args.grid.split(","):
+        print("\n".join(report(grid, args.ours)))
+
+
+if __name__ == "__main__":
+    main()
