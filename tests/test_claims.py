@@ -5,6 +5,7 @@ the recompute script (testbed/fair.py) from the per-seed records alone, run as t
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -88,3 +89,24 @@ def test_the_decomposition_prices_the_fixed_options_with_the_controllers_law_and
     assert "powersgd-r4 on 3 seeds, topk-0.01 on 2 seeds" in lines[0]
     decision, running, total = (float(re.search(r": (\d+\.\d+)", line).group(1)) for line in lines[1:])
     assert abs(decision * running - total) < 0.015 and decision > 1  # printed to two decimals
+
+
+def test_the_decomposition_across_scenarios_counts_a_missed_seed_as_not_within(tmp_path, monkeypatch):
+    """regret.py --across: each method's mean TTA over the fastest fixed option's in each scenario; ours named
+    OURS; a method that missed the target on any seed of a scenario is not within 1.1x there."""
+    regret = _load("regret")
+
+    def row(method: str, scenario: str, ttas: list[float | None]) -> dict:
+        return {"method": method, "scenario": scenario,
+                "per_seed": [{"seed": s, "time_to_accuracy_s": t, "steps_to_target": t and 100}
+                             for s, t in enumerate(ttas)]}
+
+    rows = [row("topk-0.01", "a", [1.0, 1.0]), row("powersgd-r4", "a", [1.2, 1.2]), row("tta-x", "a", [1.05, 1.05]),
+            row("topk-0.01", "b", [2.0, None]), row("powersgd-r4", "b", [1.0, 1.0]), row("tta-x", "b", [1.3, 1.3])]
+    (tmp_path / "g.json").write_text(json.dumps(rows))
+    monkeypatch.setattr(regret, "RESULTS", str(tmp_path))
+    lines = regret.across(["g"], ["tta-x"])
+    assert lines[0].startswith("2 scenarios")
+    assert "  OURS: within 1.1x in 1 of 2 scenarios (ratios 1.05-1.30)" in lines
+    assert "  topk-0.01: within 1.1x in 1 of 2 scenarios (ratios 1.00-1.00, 1 missed)" in lines
+    assert "  powersgd-r4: within 1.1x in 1 of 2 scenarios (ratios 1.00-1.20)" in lines
