@@ -27,7 +27,7 @@ import math
 import os
 import statistics
 
-from netsense.bench.stats import paired_ratio, seed_ratios, seeds_for
+from netsense.bench.stats import mean_tta, paired_ratio, seed_ratios, seed_times, seeds_for
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 FAMILIES = {"topk-": "fixed TopK", "powersgd-": "PowerSGD", "netsense": "netsense (paper)", "dc2": "dc2",
@@ -45,10 +45,6 @@ def is_peer(method: str, ours: str) -> bool:
     return method != ours and not method.startswith(f"{ours}-")
 
 
-def times(row: dict) -> dict[int, float | None]:
-    return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
-
-
 def seeds_of(row: dict, key: str) -> list[float]:
     return [s[key] for s in row.get("per_seed", []) if s.get(key) is not None]
 
@@ -60,11 +56,6 @@ def ratio_text(mine: dict, theirs: dict) -> str:
     interval = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else " (no interval below 5 pairs)"
     verdict = "" if lo is None else (" lead" if hi < 1 else " behind" if lo > 1 else " no difference shown")
     return f"{ratio:.2f}{interval} (n={n}){verdict}"
-
-
-def mean_tta(row: dict) -> float | None:
-    ttas = [t for t in times(row).values() if t is not None]
-    return statistics.fmean(ttas) if ttas and len(ttas) == len(row.get("per_seed", [])) else None
 
 
 def scenario_report(name: str, rows: list[dict], ours: str) -> list[str]:
@@ -110,17 +101,17 @@ def comparisons(rows: list[dict], ours: str) -> list[str]:
         if timed:
             best = min(timed, key=timed.get)
             out.append(f"{ours} / hindsight-best fixed TopK ({best}, {timed[best]:.2f} s): "
-                       + ratio_text(times(mine), times(sweep[best])))
+                       + ratio_text(seed_times(mine), seed_times(sweep[best])))
     for fam in dict.fromkeys(f for m in peers if (f := family(m)) and f != "fixed TopK"):
         members = {m: t for m, r in peers.items() if family(m) == fam and (t := mean_tta(r)) is not None}
         if members:
             best = min(members, key=members.get)
-            out.append(f"{ours} / best {fam} ({best}): " + ratio_text(times(mine), times(by[best])))
+            out.append(f"{ours} / best {fam} ({best}): " + ratio_text(seed_times(mine), seed_times(by[best])))
     for m, r in by.items():
         if m.startswith(f"{ours}-"):
-            out.append(f"{ours} / {m} (its own variant): " + ratio_text(times(mine), times(r)))
+            out.append(f"{ours} / {m} (its own variant): " + ratio_text(seed_times(mine), seed_times(r)))
         elif ours.startswith(f"{m}-"):
-            out.append(f"{ours} / {m} (the method it varies): " + ratio_text(times(mine), times(r)))
+            out.append(f"{ours} / {m} (the method it varies): " + ratio_text(seed_times(mine), seed_times(r)))
     return out + bar_lines(by, ours)
 
 
@@ -136,7 +127,7 @@ def bar_lines(by: dict[str, dict], ours: str) -> list[str]:
         ratio = mean_tta(mine) / others[fastest]
         out.append(f"bar: {ours}'s mean TTA / the fastest other method's ({fastest}, {others[fastest]:.2f} s) = "
                    f"{ratio:.2f}: " + ("within 1.1x" if ratio <= 1.1 else "NOT within 1.1x"))
-        needed = seeds_for(seed_ratios(times(mine), times(by[fastest])))
+        needed = seeds_for(seed_ratios(seed_times(mine), seed_times(by[fastest])))
         if needed is not None:
             out.append(f"seeds: at this spread of per-seed ratios, about {needed} paired seeds would narrow the 95% "
                        f"interval against {fastest} to +-10%")
@@ -174,7 +165,7 @@ def before_lines(before: str, scenario: str, ours: str, rows: list[dict]) -> lis
     by = {r["method"]: r for r in rows}
     if ours in by and row["vs"] in by:
         out.append(f"now against the same method: {ours} / {row['vs']} "
-                   + ratio_text(times(by[ours]), times(by[row["vs"]])))
+                   + ratio_text(seed_times(by[ours]), seed_times(by[row["vs"]])))
     return out
 
 
@@ -202,7 +193,7 @@ def slowdown(rows: list[dict], cells: dict[str, list[int]]) -> float:
     """How much longer the listed cells took than their method's mean over its other seeds (geometric mean)."""
     logs = []
     for r in rows:
-        t = times(r)
+        t = seed_times(r)
         rest = [v for s, v in t.items() if s not in cells.get(r["method"], []) and v is not None]
         logs += [math.log(t[s] / statistics.fmean(rest)) for s in cells.get(r["method"], []) if t.get(s) and rest]
     return math.exp(statistics.fmean(logs))
@@ -214,7 +205,7 @@ def variant_ratios(rows: list[dict], ours: str) -> list[float]:
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         by = {r["method"]: r for r in rows if r["scenario"] == scenario}
         base = next((m for m in by if ours.startswith(f"{m}-")), None)
-        if ours in by and base and (ratio := paired_ratio(times(by[ours]), times(by[base]))[0]) is not None:
+        if ours in by and base and (ratio := paired_ratio(seed_times(by[ours]), seed_times(by[base]))[0]) is not None:
             out.append(ratio)
     return out
 

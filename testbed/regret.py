@@ -40,12 +40,13 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout without installing netsense
 
 from netsense.bench.grid import load_grid  # noqa: E402
-from netsense.bench.stats import paired_ratio  # noqa: E402
+from netsense.bench.stats import mean_tta, paired_ratio, seed_times  # noqa: E402
 from netsense.compression import validate_config  # noqa: E402
 from netsense.control.policies import TimeToAccuracyController  # noqa: E402
 
@@ -86,18 +87,22 @@ def steps_factor(ctl: TimeToAccuracyController, opt: tuple[str, float], topk_sca
     return ctl.steps_factor(x)
 
 
-def times(row: dict) -> dict[int, float | None]:
-    return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
+class Fixed(NamedTuple):
+    """A fixed option's row, every seed of it at the target."""
+    option: tuple[str, float]
+    step_s: float  # mean seconds a step (over the seeds: time to accuracy / steps)
+    times: dict[int, float | None]  # seed -> time to accuracy
+    mean: float  # mean time to accuracy
 
 
-def fixed_options(rows: list[dict]) -> dict[str, tuple[tuple[str, float], float, dict[int, float | None]]]:
-    """method -> (option, mean seconds a step, seed -> TTA) for each fixed option every seed of took to the target."""
+def fixed_options(rows: list[dict]) -> dict[str, Fixed]:
+    """method -> its Fixed, for each fixed option every seed of took to the target."""
     out = {}
     for r in rows:
         opt, seeds = option(r["method"]), r.get("per_seed", [])
         if opt and seeds and all(s.get("steps_to_target") and s.get("time_to_accuracy_s") for s in seeds):
             step_s = statistics.fmean(s["time_to_accuracy_s"] / s["steps_to_target"] for s in seeds)
-            out[r["method"]] = (opt, step_s, times(r))
+            out[r["method"]] = Fixed(opt, step_s, seed_times(r), mean_tta(r))
     return out
 
 
@@ -112,30 +117,30 @@ def scenario_lines(grid: str, scenario: str, rows: list[dict], ours: str, ctl: T
                    allowed: Callable[[tuple[str, float]], bool] = lambda opt: True) -> list[str]:
     fixed = fixed_options(rows)
     mine = next((r for r in rows if r["method"] == ours), None)
-    options = [m for m in fixed if allowed(fixed[m][0])]
+    options = [m for m in fixed if allowed(fixed[m].option)]
     if mine is None or len(options) < 2:
         return [f"{grid} {scenario}: needs {ours} and two fixed options it could run that reached the target on "
                 "every seed"]
-    fastest = min(fixed, key=lambda m: statistics.fmean(t for t in fixed[m][2].values()))
+    fastest = min(fixed, key=lambda m: fixed[m].mean)
     picks: dict[int, str] = {}  # seed -> the priors' pick with that seed's TopK scale
     prices: dict[int, list[tuple[float, str]]] = {}
     for s in mine["per_seed"]:
         scale = (s.get("family_pilot") or {}).get("topk_scale") or 1.0
-        prices[s["seed"]] = sorted((steps_factor(ctl, fixed[m][0], scale) * fixed[m][1], m) for m in options)
+        prices[s["seed"]] = sorted((steps_factor(ctl, fixed[m].option, scale) * fixed[m].step_s, m) for m in options)
         picks[s["seed"]] = prices[s["seed"]][0][1]
-    pick_times = {seed: fixed[m][2].get(seed) for seed, m in picks.items()}
+    pick_times = {seed: fixed[m].times.get(seed) for seed, m in picks.items()}
     chosen = statistics.multimode(picks.values())
     (best, pick), (second, runner) = next(p[:2] for seed, p in prices.items() if picks[seed] == chosen[0])
     named = ", ".join(f"{m} on {sum(p == m for p in picks.values())} seeds" for m in sorted(set(picks.values())))
-    mean = statistics.fmean(fixed[fastest][2].values())
-    missed = sum(t is None for t in times(mine).values())
-    return [f"{grid} {scenario}: fastest fixed option {fastest} ({mean:.2f} s); the priors' pick, given each "
+    mine_times = seed_times(mine)
+    missed = sum(t is None for t in mine_times.values())
+    return [f"{grid} {scenario}: fastest fixed option {fastest} ({fixed[fastest].mean:.2f} s); the priors' pick, given each "
             f"option's measured seconds a step: {named} (next: {runner}, priced {100 * (second / best - 1):.1f}% "
             f"dearer than {pick})",
-            f"  the pick over the fastest (the decision): {ratio_text(pick_times, fixed[fastest][2])}",
-            f"  {ours} over its pick (the running): {ratio_text(times(mine), pick_times)}"
-            + (f"; over {chosen[0]} alone: {ratio_text(times(mine), fixed[chosen[0]][2])}" if len(set(picks.values())) > 1 else ""),
-            f"  {ours} over the fastest: {ratio_text(times(mine), fixed[fastest][2])}"]  + (
+            f"  the pick over the fastest (the decision): {ratio_text(pick_times, fixed[fastest].times)}",
+            f"  {ours} over its pick (the running): {ratio_text(mine_times, pick_times)}"
+            + (f"; over {chosen[0]} alone: {ratio_text(mine_times, fixed[chosen[0]].times)}" if len(set(picks.values())) > 1 else ""),
+            f"  {ours} over the fastest: {ratio_text(mine_times, fixed[fastest].times)}"] + (
             [f"  {ours} missed the target on {missed} seeds: left out of its two ratios, which flatters them"]
             if missed else [])
 
@@ -167,11 +172,11 @@ def across(grids: list[str], ours: list[str]) -> list[str]:
             if not fixed:
                 continue
             scenarios += 1
-            fastest = min(statistics.fmean(t for t in fixed[m][2].values()) for m in fixed)
+            fastest = min(f.mean for f in fixed.values())
             for r in here:
-                ttas = list(times(r).values())
-                mean = statistics.fmean(ttas) if ttas and None not in ttas else math.inf
-                per.setdefault("OURS" if r["method"] == mine else r["method"], []).append(mean / fastest)
+                mean = mean_tta(r)
+                per.setdefault("OURS" if r["method"] == mine else r["method"], []).append(
+                    math.inf if mean is None else mean / fastest)
     lines = [f"{scenarios} scenarios; each method's mean TTA over the fastest fixed option's (a missed seed: not within)"]
     for method, xs in sorted(per.items(), key=lambda kv: (-sum(x <= 1.1 for x in kv[1]), max(kv[1]))):
         finite = [x for x in xs if math.isfinite(x)]

@@ -251,6 +251,18 @@ def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
     return _gmean(ratios), lo, hi, len(ratios)
 
 
+def seed_times(row: dict) -> dict[int, float | None]:
+    """A table row's seed -> time to accuracy (None: not reached), from its per-seed records: what paired_ratio
+    and seed_ratios compare."""
+    return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
+
+
+def mean_tta(row: dict) -> float | None:
+    """A table row's mean time to accuracy over its seeds; None unless every seed reached the target."""
+    ttas = [t for t in seed_times(row).values() if t is not None]
+    return statistics.fmean(ttas) if ttas and len(ttas) == len(row.get("per_seed", [])) else None
+
+
 def seed_ratios(mine: dict[int, float | None], theirs: dict[int, float | None]) -> list[float]:
     """mine / theirs on every seed both reached the target on (seed -> TTA, None: not reached)."""
     return [mine[s] / theirs[s] for s in sorted(mine.keys() & theirs.keys())
