@@ -149,22 +149,34 @@ def test_static_rate_is_achieved_within_10_percent(rate):
 
 def test_a_scheduled_change_binds_within_half_a_second():
     profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"}, {"at": "3s", "rate": "20Mbit"}]})
-    with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        epoch = c.epoch
-        out = bulk(c, 6)
-    change_at = epoch + 3.0
-    # Bins are relative to the receiver's start. The change is the first stretch of 3 bins at the new rate
-    # from a bin before its time on: a busy machine stalls the sender for a bin now and then, and a run
-    # here took such a dip in the 200 Mbit phase for the change (then read 93 Mbit where 20 had to be).
-    bins, start, bin_s = out["bins"], out["start"], out["bin_s"]
-    threshold = 0.5 * (200e6 + 20e6) / 8 * bin_s
-    first = max(0, int((change_at - start) / bin_s) - 1)
-    first_low = next((i for i in range(first, len(bins) - 2) if all(b < threshold for b in bins[i:i + 3])), None)
-    assert first_low is not None, "the link never ran at the new rate"
-    delay = start + first_low * bin_s - change_at
-    assert delay <= 0.5, f"the change bound {delay:.2f}s after its time"
-    after = first_low * bin_s
-    assert rate_between(out, after + 0.5, after + 2.0) == pytest.approx(20e6, rel=0.12)
+    low_bps = 20e6
+
+    def rate_after_the_change(_attempt: int) -> float:
+        """One 6 s bulk run over the change; its rate from 0.5 s to 2 s after the change bound."""
+        with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
+            epoch = c.epoch
+            out = bulk(c, 6)
+        change_at = epoch + 3.0
+        # Bins are relative to the receiver's start. The change is the first stretch of 3 bins at the new rate
+        # from a bin before its time on: a busy machine stalls the sender for a bin now and then, and a run
+        # here took such a dip in the 200 Mbit phase for the change (then read 93 Mbit where 20 had to be).
+        bins, start, bin_s = out["bins"], out["start"], out["bin_s"]
+        threshold = 0.5 * (200e6 + low_bps) / 8 * bin_s
+        first = max(0, int((change_at - start) / bin_s) - 1)
+        first_low = next((i for i in range(first, len(bins) - 2) if all(b < threshold for b in bins[i:i + 3])), None)
+        assert first_low is not None, "the link never ran at the new rate"
+        # A stall only ever slows the sender: it can make the change look early, never late, nor the new
+        # rate faster. So these two bounds fail at once; a rate short of the new one is measured again.
+        delay = start + first_low * bin_s - change_at
+        assert delay <= 0.5, f"the change bound {delay:.2f}s after its time"
+        after = first_low * bin_s
+        got = rate_between(out, after + 0.5, after + 2.0)
+        assert got <= 1.12 * low_bps, f"{got / 1e6:.1f} Mbit/s after the change to 20 Mbit"
+        return got
+
+    # CI read 17.5 Mbit/s here (0.87x) once in the full suite on this 2-core VM: a stall of the sender.
+    readings = until_enough(rate_after_the_change, lambda got: got >= 0.88 * low_bps)
+    assert readings[-1] >= 0.88 * low_bps, f"the new rate read {[round(x / 1e6, 1) for x in readings]} Mbit/s"
 
 
 def test_a_step_decline_is_followed_step_by_step():
