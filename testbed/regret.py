@@ -145,16 +145,26 @@ def scenario_lines(grid: str, scenario: str, rows: list[dict], ours: str, ctl: T
             if missed else [])
 
 
+def scenarios_of(grid: str) -> dict[str, list[dict]]:
+    """A committed table's rows (testbed/results/GRID.json), scenario -> its rows, in the table's order."""
+    with open(os.path.join(RESULTS, f"{grid}.json")) as f:
+        rows = json.load(f)
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["scenario"], []).append(r)
+    return out
+
+
 def report(grid: str, ours: str) -> list[str]:
-    rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+    scenarios = scenarios_of(grid)
     _, cells, _ = load_grid(os.path.join(GRIDS, f"{grid}.yaml"))
     config = next((c.job["spec"]["compression"] for c in cells if c.method == ours), None)
     if config is None:
         raise SystemExit(f"--ours {ours}: not a method of testbed/grids/{grid}.yaml")
     ctl, allowed = controller(config), choosable(config)
     lines = []
-    for scenario in dict.fromkeys(r["scenario"] for r in rows):
-        lines += scenario_lines(grid, scenario, [r for r in rows if r["scenario"] == scenario], ours, ctl, allowed)
+    for scenario, rows in scenarios.items():
+        lines += scenario_lines(grid, scenario, rows, ours, ctl, allowed)
     return lines
 
 
@@ -163,11 +173,10 @@ def across(grids: list[str], ours: list[str]) -> list[str]:
     per: dict[str, list[float]] = {}
     scenarios = 0
     for grid, mine in zip(grids, ours, strict=True):
-        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
-        if not any(r["method"] == mine for r in rows):
+        tables = scenarios_of(grid)
+        if not any(r["method"] == mine for rows in tables.values() for r in rows):
             raise SystemExit(f"--ours {mine}: not a method of testbed/results/{grid}.json")
-        for scenario in dict.fromkeys(r["scenario"] for r in rows):
-            here = [r for r in rows if r["scenario"] == scenario]
+        for here in tables.values():
             fixed = fixed_options(here)
             if not fixed:
                 continue
