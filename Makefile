@@ -17,7 +17,7 @@ help:
 	@echo "make test-fast  the pure units, under a minute: no root, no API server, no Go, no gloo worlds"
 	@echo "make lint       ruff"
 	@echo "make envtest    build kube-apiserver, etcd and kubectl into ~/.cache/netsense/envtest"
-	@echo "make manifests  regenerate manifests/base/crd.yaml from the spec"
+	@echo "make manifests  regenerate manifests/base/crd.yaml and admission-policy.yaml from the spec"
 	@echo "make bench      the CI-sized benchmark grid (testbed/grids/ci.yaml)"
 	@echo "make results    the final run: every evaluation grid on one commit (testbed/rerun.sh; hours; resumes)"
 	@echo "make node       build a real one-node cluster's parts and images (testbed/node; root)"
@@ -62,6 +62,7 @@ fmt: venv
 
 manifests: venv
 	$(BIN)/netsense crd > manifests/base/crd.yaml
+	$(BIN)/netsense admission-policy > manifests/base/admission-policy.yaml
 
 bench: venv
 	$(BIN)/netsense bench testbed/grids/ci.yaml --out runs/bench-ci

@@ -203,6 +203,14 @@ def cmd_crd(_args) -> int:
     return 0
 
 
+def cmd_admission_policy(_args) -> int:
+    from netsense.spec.fence import HEADER, admission_policies
+
+    sys.stdout.write(HEADER)
+    yaml.safe_dump_all(admission_policies(), sys.stdout, sort_keys=False, width=120)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="netsense", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -310,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the CustomResourceDefinition generated from the spec schema (its "
                                    "validation rules included); manifests/base/crd.yaml is this output.")
     s.set_defaults(fn=cmd_crd)
+    s = sub.add_parser("admission-policy", help="print the admission policies that fence the operator's account",
+                       description="Print the ValidatingAdmissionPolicies generated from netsense/spec/fence.py: the "
+                                   "operator's account may create and delete only a NetSenseJob's objects, and no "
+                                   "pod it creates breaks a rule of the table; "
+                                   "manifests/base/admission-policy.yaml is this output.")
+    s.set_defaults(fn=cmd_admission_policy)
     return p
 
 

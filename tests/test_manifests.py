@@ -58,21 +58,36 @@ def test_kustomizations_render_and_validate(kubectl, overlay):
     docs = render(kubectl, overlay)
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds
-    assert ("ClusterRole" in kinds) != overlay.endswith("namespaced")
+    assert ("ClusterRoleBinding" in kinds) != overlay.endswith("namespaced")
     for d in docs:
         validate(d)
 
 
-def test_the_namespaced_install_gives_its_namespace_what_the_cluster_wide_one_gives_the_cluster(kubectl):
+def test_the_namespaced_install_binds_the_one_list_of_rules_in_its_namespace_only(kubectl):
+    """One RBAC source: the namespaced install binds base/rbac.yaml's ClusterRole with a RoleBinding (rights in
+    that namespace alone) and has no ClusterRoleBinding, so it reads no pod or log elsewhere."""
     cluster_wide = one(render(kubectl, "manifests/base"), "ClusterRole")
     docs = render(kubectl, "manifests/overlays/namespaced")
-    role = one(docs, "Role", "ml-team")
-    assert role["rules"] == cluster_wide["rules"]
+    assert one(docs, "ClusterRole") == cluster_wide
     binding = one(docs, "RoleBinding", "ml-team")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in docs}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": cluster_wide["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "netsense-operator",
+                                    "namespace": "netsense-system"}]
+    assert "ClusterRoleBinding" not in {d["kind"] for d in docs}
+    assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "ml-team"]
     command = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--namespace") + 1] == "ml-team"
+
+
+def test_the_admission_policy_is_generated_from_the_fences_table():
+    from netsense.spec.fence import HEADER, admission_policies
+
+    with open(os.path.join(REPO, "manifests", "base", "admission-policy.yaml")) as fh:
+        text = fh.read()
+    assert text.startswith(HEADER)
+    assert [d for d in yaml.safe_load_all(text) if d] == admission_policies(), \
+        "run `make manifests` to regenerate manifests/base/admission-policy.yaml"
 
 
 def test_every_file_a_kustomization_names_exists():

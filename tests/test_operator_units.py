@@ -8,6 +8,8 @@ import time
 import uuid
 from types import SimpleNamespace
 
+import pytest
+
 
 def _pod(uid: str, created_s_ago: float) -> dict:
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - created_s_ago))
@@ -57,3 +59,83 @@ def test_no_decision_on_a_status_older_than_the_operators_own_write():
     assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"})
     handlers._written[uid] = (5, "Pending", time.monotonic() - handlers.STALE_AFTER_S - 1)
     assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"}), "a write never seen holds forever"
+
+
+# The kubelet's own messages (pkg/kubelet/eviction/helpers.go), as a pod's status carries them.
+_SELF_EVICTIONS = [
+    "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+    'Container trainer exceeded its local ephemeral storage limit "1Gi". ',
+    'Usage of EmptyDir volume "netsense-run" exceeds the limit "1Mi". ',
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 52Mi. Container trainer was using "
+    "3Gi, request is 1Gi, has larger consumption of memory. ",
+]
+
+
+def _evicted(message: str, condition: bool) -> dict:
+    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                   "message": message}] if condition else []
+    return {"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "Evicted", "message": message,
+                                                  "conditions": conditions}}
+
+
+@pytest.mark.parametrize("message", _SELF_EVICTIONS)
+@pytest.mark.parametrize("condition", [False, True], ids=["limit", "pressure"])
+def test_an_eviction_for_the_pods_own_use_is_its_failure_not_a_disruption(message, condition):
+    """Restarted as a disruption, the same job would be evicted again, without end: it counts against
+    backoffLimit, and its message says why."""
+    from netsense_operator import status as st
+
+    pod = _evicted(message, condition)
+    assert st.disruption(pod) is None
+    assert st.failure_reason(pod).startswith("evicted for its own use: ") and message.split()[0] in st.failure_reason(pod)
+
+
+def test_an_eviction_for_another_pods_use_or_a_drain_stays_a_disruption():
+    from netsense_operator import status as st
+
+    pressure = _evicted("The node was low on resource: memory. Threshold quantity: 100Mi, available: 52Mi. ", True)
+    assert "TerminationByKubelet" in st.disruption(pressure)
+    drained = {"status": {"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                                              "reason": "EvictionByEvictionAPI", "message": "drain"}]}}
+    assert "EvictionByEvictionAPI" in st.disruption(drained)
+
+
+def _quota(name: str, hard: dict, used: dict | None = None, **spec) -> dict:
+    return {"metadata": {"name": name}, "spec": {"hard": hard, **spec},
+            "status": {"hard": hard, "used": used or {}} if used is not None else {}}
+
+
+def test_a_gangs_demand_is_what_the_quota_admission_would_count_for_the_pods_the_operator_builds():
+    """Trainer and shaper (a sidecar: its requests add to the pod's), a GPU given as a limit alone (its request
+    defaults to it), the template's resources."""
+    from netsense_operator import quota
+    from netsense_operator import resources as res
+
+    from netsense.spec import parse_spec
+
+    job = parse_spec({"workers": 4, "network": {"profile": {"type": "static", "rate": "100Mbit"}},
+                      "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                    "limits": {"memory": "2Gi", "nvidia.com/gpu": 1}}}, "gpu")
+    pods = [res.worker_pod(job, "ns", "uid", r, 0) for r in range(job.workers)]
+    need = quota.demand(pods)
+    assert need["pods"] == need["count/pods"] == 4
+    assert need["requests.cpu"] == need["cpu"] == 4 * (1 + quota._quantity("10m"))
+    assert need["requests.nvidia.com/gpu"] == need["limits.nvidia.com/gpu"] == 4
+    assert need["limits.memory"] == 4 * (2 * 2**30 + 256 * 2**20)
+    assert "nvidia.com/gpu" not in need  # an extended resource is quota'd by requests.<name> only
+
+
+def test_a_gang_that_does_not_fit_a_quota_says_which_and_what():
+    from decimal import Decimal
+
+    from netsense_operator import quota
+
+    need = {"pods": Decimal(4), "count/pods": Decimal(4), "requests.cpu": Decimal(2), "cpu": Decimal(2)}
+    assert quota.shortfall([_quota("team", {"pods": "6"}, {"pods": "2"})], need) is None
+    said = quota.shortfall([_quota("team", {"pods": "6"}, {"pods": "3"})], need)
+    assert said == "ResourceQuota team: the gang needs 4 pods, 3 of 6 free"
+    assert "requests.cpu" in quota.shortfall([_quota("cpu", {"requests.cpu": "1500m"}, {})], need)
+    assert quota.shortfall([_quota("gpus", {"requests.nvidia.com/gpu": "0"}, {})], need) is None  # not asked for
+    scoped = _quota("best-effort", {"pods": "0"}, {}, scopes=["BestEffort"])
+    assert quota.shortfall([scoped], need) is None  # scopes: left to the create's own refusal
+    assert "not counted yet" in quota.shortfall([_quota("new", {"pods": "10"})], need)

@@ -70,6 +70,16 @@ HOSTILE = [
      "spec.podTemplate.metadata.annotations", "AppArmor"),
     ("a second network", _template(metadata={"annotations": {"k8s.v1.cni.cncf.io/networks": "ib-net"}}),
      "spec.podTemplate.metadata.annotations", "another network"),
+    ("one container's seccomp unconfined", _template(metadata={"annotations": {
+        "container.seccomp.security.alpha.kubernetes.io/trainer": "unconfined"}}),
+     "spec.podTemplate.metadata.annotations", "seccomp profile"),
+    ("a mount of the shaper's scratch volume", _trainer(volumeMounts=[{"name": "netsense-shaper-tmp",
+                                                                       "mountPath": "/plant"}]),
+     "spec.podTemplate.spec.containers[0].volumeMounts[0].name", "operator's volume"),
+    ("a mount of the job's volume", _trainer(volumeMounts=[{"name": "netsense-job", "mountPath": "/etc/x"}]),
+     "spec.podTemplate.spec.containers[0].volumeMounts[0].name", "operator's volume"),
+    ("a URL with a password", _trainer(env=[{"name": "DATA_URL", "value": "s3://reader:hunter2@bucket.internal/x"}]),
+     "spec.podTemplate.spec.containers[0].env[0].value", "secretKeyRef"),
     ("an inline credential", _trainer(env=[{"name": "WANDB_API_KEY", "value": "abc123"}]),
      "spec.podTemplate.spec.containers[0].env[0].value", "secretKeyRef"),
     ("the rendezvous variables", _trainer(env=[{"name": "RANK", "value": "0"}]),
@@ -124,6 +134,8 @@ def test_what_a_gpu_job_needs_is_allowed():
                         {"name": "creds", "secret": {"secretName": "s3"}}],
             "containers": [{"name": "trainer",
                             "env": [{"name": "NCCL_DEBUG", "value": "WARN"},
+                                    {"name": "HF_ENDPOINT", "value": "https://mirror.internal:8443/hf"},
+                                    {"name": "DB", "value": "postgres://reader@db.internal/runs"},
                                     {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "w", "key": "k"}}}],
                             "envFrom": [{"secretRef": {"name": "s3"}}],
                             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
@@ -253,57 +265,190 @@ def test_kubectl_apply_says_which_field_and_why(control_plane, ns, tmp_path):
     assert out.returncode != 0 and 'unknown field "spec.podTemplate.spec.hostAliases"' in out.stderr, out.stderr
 
 
-def _bare_pod(name: str, **spec) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"automountServiceAccountToken": False,
-                     "containers": [{"name": "trainer", "image": "netsense/worker"}], **spec}}
+# ---- the fence (netsense/spec/fence.py): the operator's own check and the API server's, from one table ----------
+
+def _operators_pod(uid: str = "uid-1") -> dict:
+    """What the operator builds for a shaped job with an output volume: every container and mount the fence's
+    rules are about (the shaper with NET_ADMIN, the trainer's read-only view of the shaper's /tmp)."""
+    from netsense_operator import resources as res
+
+    job = parse_spec(_spec({"output": {"claimName": "runs"}}), "fenced")
+    return res.worker_pod(job, "ns", uid, 0, 0)
 
 
-@pytest.mark.apiserver
-def test_the_operators_account_may_create_only_a_jobs_unprivileged_pods(kube, ns, operator_kubeconfig):
-    """The RBAC fence (manifests/base/admission-policy.yaml), with the operator's own token."""
+def _shaper(pod: dict) -> dict:
+    return pod["spec"]["initContainers"][0]
+
+
+def _trainer_of(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+def _shaper_tmp_view(pod: dict) -> dict:
+    return next(m for m in _trainer_of(pod)["volumeMounts"] if m["name"] == "netsense-shaper-tmp")
+
+
+# For each rule of fence.POD_RULES (by path) and the annotations: a change to the operator's own pod that breaks it
+# and leaves the pod valid otherwise (the API server validates a pod before admission sees it).
+BREAKS = {
+    "spec.hostNetwork": lambda p: p["spec"].update(hostNetwork=True),
+    "spec.hostPID": lambda p: p["spec"].update(hostPID=True),
+    "spec.hostIPC": lambda p: p["spec"].update(hostIPC=True),
+    "spec.shareProcessNamespace": lambda p: p["spec"].update(shareProcessNamespace=True),
+    "spec.automountServiceAccountToken": lambda p: p["spec"].update(automountServiceAccountToken=True),
+    "spec.volumes*.hostPath": lambda p: p["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
+    "spec.volumes*.projected.sources*.serviceAccountToken": lambda p: (
+        p["spec"].update(serviceAccountName="default"),  # the API takes a projected token only with an account
+        p["spec"]["volumes"].append({"name": "token", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token"}}]}})),
+    "spec.securityContext.sysctls": lambda p: p["spec"]["securityContext"].update(
+        sysctls=[{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]),
+    "spec.securityContext.seLinuxOptions.type": lambda p: p["spec"]["securityContext"].update(
+        seLinuxOptions={"type": "spc_t"}),
+    "spec.securityContext.seccompProfile.type": lambda p: p["spec"]["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}),
+    "spec.securityContext.appArmorProfile.type": lambda p: p["spec"]["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}),
+    "containers*.securityContext.privileged": lambda p: _shaper(p)["securityContext"].update(
+        privileged=True, allowPrivilegeEscalation=True),  # the API refuses privileged without escalation
+    "containers*.securityContext.allowPrivilegeEscalation": lambda p: _trainer_of(p)["securityContext"].update(
+        allowPrivilegeEscalation=True),
+    "containers*.securityContext.procMount": lambda p: (
+        p["spec"].update(hostUsers=False),  # the API takes an unmasked /proc only in a user namespace
+        _shaper(p)["securityContext"].update(procMount="Unmasked")),
+    "containers*.securityContext.seLinuxOptions.type": lambda p: _trainer_of(p)["securityContext"].update(
+        seLinuxOptions={"type": "spc_t"}),
+    "containers*.securityContext.seccompProfile.type": lambda p: _trainer_of(p)["securityContext"].update(
+        seccompProfile={"type": "Unconfined"}),
+    "containers*.securityContext.appArmorProfile.type": lambda p: _trainer_of(p)["securityContext"].update(
+        appArmorProfile={"type": "Unconfined"}),
+    "containers*.securityContext.capabilities.add*": lambda p: _shaper(p)["securityContext"]["capabilities"]["add"]
+    .append("SYS_ADMIN"),
+    "containers*.securityContext.capabilities.add": lambda p: _trainer_of(p)["securityContext"]["capabilities"]
+    .update(add=["NET_ADMIN"]),
+    "containers*.ports*.hostPort": lambda p: _trainer_of(p)["ports"][0].update(hostPort=8080),
+    "containers*.volumeMounts*.readOnly": lambda p: _shaper_tmp_view(p).update(readOnly=False),
+    "annotations": lambda p: p["metadata"].setdefault("annotations", {}).update(
+        {"container.seccomp.security.alpha.kubernetes.io/trainer": "unconfined"}),
+}
+
+
+def _broken(what: str, uid: str = "uid-1") -> dict:
+    pod = _operators_pod(uid)
+    BREAKS[what](pod)
+    return pod
+
+
+def _rule_message(what: str) -> str:
+    from netsense.spec import fence
+
+    if what == "annotations":
+        return fence.ANNOTATIONS_MESSAGE
+    return next(r.message for r in fence.POD_RULES if r.path == what)
+
+
+def test_every_rule_of_the_fence_has_a_pod_that_breaks_it():
+    from netsense.spec import fence
+
+    assert set(BREAKS) == {r.path for r in fence.POD_RULES} | {"annotations"}
+
+
+def test_the_operators_own_pods_keep_every_rule_of_the_fence():
+    from netsense.spec import fence
+
+    pod = _operators_pod()
+    assert fence.violations(pod) == []
+    assert {v["name"] for v in pod["spec"]["volumes"]} == set(fence.OPERATOR_VOLUMES)
+    BREAKS["containers*.volumeMounts*.readOnly"](pod)  # a change to one pod reaches no other
+    assert fence.violations(_operators_pod()) == []
+    from netsense_operator import resources as res
+
+    unshaped = parse_spec({k: v for k, v in SHAPED.items() if k != "network"}, "plain")
+    assert fence.violations(res.worker_pod(unshaped, "ns", "uid", 1, 0)) == []
+
+
+@pytest.mark.parametrize("what", sorted(BREAKS))
+def test_the_operator_checks_each_pod_against_the_fence_before_creating_it(what):
+    from netsense.spec import fence
+
+    said = fence.violations(_broken(what))
+    assert any(_rule_message(what) in v for v in said), said
+
+
+def _owned(uid: str, name: str = "owner") -> dict:
+    return {"labels": {"netsense.dev/job-uid": uid}, "ownerReferences": [
+        {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "name": name, "uid": uid, "controller": True}]}
+
+
+@pytest.fixture
+def as_operator(kube, ns, operator_kubeconfig):
+    """(the operator's CoreV1Api, a job's UID): the fence loaded (the policies take a moment after the session
+    fixture creates them)."""
     from kubernetes import client, config
     from support.kube import wait_for
 
-    job = kube.create_job(ns, "owner", {"suspend": True})
-    uid = job["metadata"]["uid"]
-    owned = {"labels": {"netsense.dev/job-uid": uid}, "ownerReferences": [
-        {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "name": "owner", "uid": uid,
-         "controller": True}]}
-    as_operator = client.CoreV1Api(config.new_client_from_config(operator_kubeconfig))
+    uid = kube.create_job(ns, "owner", {"suspend": True})["metadata"]["uid"]
+    api = client.CoreV1Api(config.new_client_from_config(operator_kubeconfig))
+    stray = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray"}}
+    wait_for(lambda: "NetSenseJob's objects" in _refusal(lambda: api.create_namespaced_config_map(
+        ns, stray, dry_run="All")), timeout=30, what="the fence")
+    return api, uid
 
-    def refused(pod: dict) -> str:
-        try:
-            as_operator.create_namespaced_pod(ns, pod, dry_run="All")
-        except client.ApiException as e:
-            return json.loads(e.body)["message"]
-        return ""
 
-    # The policies take a moment to load after they are created (session fixture).
-    wait_for(lambda: "NetSenseJob's objects" in refused(_bare_pod("stray")), timeout=30, what="the fence")
-    hostile = {
-        "host network": _bare_pod("h", hostNetwork=True),
-        "hostPath": _bare_pod("v", volumes=[{"name": "r", "hostPath": {"path": "/"}}]),
-        "a token": {**_bare_pod("t"), "spec": {**_bare_pod("t")["spec"], "automountServiceAccountToken": True}},
-        "privileged": _bare_pod("p", containers=[{"name": "trainer", "image": "x",
-                                                  "securityContext": {"privileged": True}}]),
-        "SYS_ADMIN on the shaper": _bare_pod("s", initContainers=[
-            {"name": "shaper", "image": "x", "securityContext": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}}}]),
-        "NET_ADMIN on the trainer": _bare_pod("n", containers=[
-            {"name": "trainer", "image": "x", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]),
-    }
-    for what, pod in hostile.items():
-        pod["metadata"].update(copy.deepcopy(owned))
-        assert "NetSenseJob's pod" in refused(pod), what
-    fine = _bare_pod("fine", initContainers=[{"name": "shaper", "image": "x", "restartPolicy": "Always",
-                                              "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}])
-    fine["metadata"].update(copy.deepcopy(owned))
-    assert refused(fine) == ""
-    lb = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lb", **copy.deepcopy(owned)},
+def _refusal(call) -> str:
+    """The API server's message if it refuses the call, "" if it takes it."""
+    from kubernetes import client
+
+    try:
+        call()
+    except client.ApiException as e:
+        return json.loads(e.body)["message"]
+    return ""
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("what", sorted(BREAKS))
+def test_the_api_server_refuses_the_operator_a_pod_that_breaks_the_fence_as_its_own_check_does(as_operator, ns, what):
+    """Python's check and the generated CEL read one table: a pod each rule forbids is refused by both, for a
+    reason both give."""
+    from netsense.spec import fence
+
+    api, uid = as_operator
+    pod = _broken(what, uid)
+    pod["metadata"].update(namespace=ns, **_owned(uid))
+    said = fence.violations(pod)
+    refused = _refusal(lambda: api.create_namespaced_pod(ns, pod, dry_run="All"))
+    assert "denied request: " in refused, refused  # the fence's, not the pod's validation
+    reason = refused.split("denied request: ", 1)[1]
+    assert any(v.startswith(reason) for v in said), f"the server said {reason!r}; the operator's check {said}"
+
+
+@pytest.mark.apiserver
+def test_the_operators_account_may_create_and_delete_only_a_jobs_objects(kube, ns, as_operator):
+    """The fence's first two policies: what the operator creates or deletes is a NetSenseJob's (a controller
+    ownerReference and its UID label); its own pods pass; its Service is a headless one."""
+    api, uid = as_operator
+    pod = _operators_pod(uid)
+    pod["metadata"].update(namespace=ns, **_owned(uid))
+    assert _refusal(lambda: api.create_namespaced_pod(ns, pod, dry_run="All")) == ""
+    stray = copy.deepcopy(pod)
+    stray["metadata"] = {"name": "stray", "namespace": ns}
+    assert "may create only a NetSenseJob's objects" in _refusal(
+        lambda: api.create_namespaced_pod(ns, stray, dry_run="All"))
+    lb = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "lb", **_owned(uid)},
           "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}
-    with pytest.raises(client.ApiException) as e:
-        as_operator.create_namespaced_service(ns, lb, dry_run="All")
-    assert "headless rendezvous" in json.loads(e.value.body)["message"]
+    assert "headless rendezvous" in _refusal(lambda: api.create_namespaced_service(ns, lb, dry_run="All"))
+
+    # Deletes: made by the admin, so that they exist; the operator's account may delete the job's alone.
+    theirs = {"name": "theirs", "namespace": ns, "labels": {"app": "someone-elses"}}
+    kube.core.create_namespaced_config_map(ns, {"metadata": theirs, "data": {}})
+    kube.core.create_namespaced_pod(ns, {**copy.deepcopy(stray), "metadata": dict(theirs)})
+    mine = {"name": "mine", "namespace": ns, **_owned(uid)}
+    kube.core.create_namespaced_config_map(ns, {"metadata": mine, "data": {}})
+    for call in (lambda: api.delete_namespaced_pod("theirs", ns, dry_run="All"),
+                 lambda: api.delete_namespaced_config_map("theirs", ns, dry_run="All")):
+        assert "may delete only a NetSenseJob's objects" in _refusal(call)
+    assert _refusal(lambda: api.delete_namespaced_config_map("mine", ns, dry_run="All")) == ""
 
 
 def test_ranks_spread_over_nodes_by_default_and_a_template_can_require_it():

@@ -422,10 +422,15 @@ NETWORK = Obj({
 
 RUN_POLICY = Obj({
     "backoffLimit": F(Int(min=0), default=2),
+    "maxDisruptions": F(Int(min=0, doc="cluster: gang restarts after disruptions (an eviction by the Eviction API "
+                                       "or a drain, preemption, a lost node) before the job fails "
+                                       "(DisruptionLimitExceeded); not counted against backoffLimit, an event each"),
+                        default=10),
     "activeDeadlineSeconds": F(Int(min=1, doc="fail the job this long after it started (or was resumed)")),
     "pendingTimeoutSeconds": F(Int(min=1, doc="cluster: fail the job when its gang is not all running this long "
-                                              "after its pods were created (image pulls, scheduling); the pods' "
-                                              "waiting reasons are in the PodsReady condition meanwhile")),
+                                              "after the job became Pending (created, restarted or resumed: a "
+                                              "wait for quota, scheduling and image pulls all count); what it "
+                                              "waits for is in the PodsReady condition meanwhile")),
     "ttlSecondsAfterFinished": F(Int(min=0)),
     "keepFailedPods": F(Bool(doc="cluster: keep a Failed job's last pods (and their logs) for inspection until "
                                  "the job is deleted; by default they are deleted at once, freeing their nodes"),

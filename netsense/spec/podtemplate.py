@@ -33,6 +33,8 @@ import copy
 import re
 
 from netsense.gang import RENDEZVOUS_ENV, TRAINER, TRANSPORT_ENV, TRANSPORT_ENV_PREFIXES
+from netsense.spec import fence
+from netsense.spec.fence import OPERATOR_VOLUMES, REFUSED_ANNOTATIONS
 from netsense.spec.schema import (
     Bool,
     Errors,
@@ -48,19 +50,14 @@ from netsense.spec.schema import (
 )
 
 OWNED_LABEL_PREFIX = "netsense.dev/"
-OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp", "netsense-output")
-# Annotations that loosen a container's confinement or give the pod another network (which the shaper does not
-# see), and the CNI bandwidth plugin's, which would shape the pod a second time.
-REFUSED_ANNOTATIONS = {
-    "container.apparmor.security.beta.kubernetes.io/": "would change a container's AppArmor profile",
-    "seccomp.security.alpha.kubernetes.io/": "would change the pod's seccomp profile",
-    "k8s.v1.cni.cncf.io/": "would attach another network to the pod, one the shaper does not shape",
-    "kubernetes.io/ingress-bandwidth": "would shape the pod a second time (the profile is the pod's link)",
-    "kubernetes.io/egress-bandwidth": "would shape the pod a second time (the profile is the pod's link)",
-}
 # Inline values of variables with these names are refused: the value would travel in the job's YAML, where
 # anyone who reads the job reads it. valueFrom.secretKeyRef (or envFrom.secretRef) keeps it a Secret.
 CREDENTIAL_NAME = r"(?i)(PASSW|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)"
+# A URL that carries a password (scheme://user:password@host), whatever the variable's name. RE2 and Python alike;
+# no backslash, so the CEL literal needs no escaping.
+CREDENTIAL_URL = r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@ ]*:[^/?#@ ]*@"
+_WHY_CREDENTIAL = ("an inline value travels in the job's YAML, readable by anyone who can read the job; use "
+                   "valueFrom.secretKeyRef")
 # What a shaped trainer may ask for: compute, memory, storage and GPUs. Another device (an RDMA NIC, an EFA or
 # SR-IOV interface) would carry the collectives past the shaper, which only sees the pod's eth0.
 SHAPED_RESOURCES = ("cpu", "memory", "ephemeral-storage", "nvidia.com/gpu", "amd.com/gpu")
@@ -83,20 +80,23 @@ def _check_env_var(e: dict, path: str, errors: Errors) -> None:
     if name in RENDEZVOUS_ENV or name.startswith("NETSENSE_"):
         errors.add(f"{path}.name", f"{name} is set by the operator")
     if "value" in e and re.search(CREDENTIAL_NAME, name):
-        errors.add(f"{path}.value", f"{name} looks like a credential: an inline value travels in the job's YAML, "
-                                    "readable by anyone who can read the job; use valueFrom.secretKeyRef")
+        errors.add(f"{path}.value", f"{name} looks like a credential: {_WHY_CREDENTIAL}")
+    elif re.search(CREDENTIAL_URL, e.get("value") or ""):
+        errors.add(f"{path}.value", f"{name}'s value is a URL with a password (scheme://user:password@host): "
+                                    f"{_WHY_CREDENTIAL}")
 
 
 ENV_VAR = Obj({
     "name": F(_NAME, required=True),
-    "value": F(Str()),
+    "value": F(Str(max_length=8192)),  # bounded, so that the API server can price its CEL rules
     "valueFrom": F(Free(doc="secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")),
 }, checks=[_check_env_var], cel=[
     {"rule": f"!(self.name in {list(RENDEZVOUS_ENV)} || self.name.startsWith('NETSENSE_'))",
      "message": "this variable is set by the operator", "fieldPath": ".name"},
     {"rule": f"!has(self.value) || !self.name.matches('{CREDENTIAL_NAME}')",
-     "message": "looks like a credential: an inline value travels in the job's YAML, readable by anyone who can "
-                "read the job; use valueFrom.secretKeyRef", "fieldPath": ".value"},
+     "message": f"looks like a credential: {_WHY_CREDENTIAL}", "fieldPath": ".value"},
+    {"rule": f"!has(self.value) || !self.value.matches('{CREDENTIAL_URL}')",
+     "message": f"a URL with a password (scheme://user:password@host): {_WHY_CREDENTIAL}", "fieldPath": ".value"},
 ])
 
 RESOURCES = Obj({
@@ -115,18 +115,29 @@ _ONLY_TRAINER = ("only the trainer may be given env, envFrom, volumeMounts and r
                  "container with NET_ADMIN, is the operator's alone (its image, env, mounts and command come from "
                  "the operator's configuration)")
 
+def _check_mount(m: dict, path: str, errors: Errors) -> None:
+    if m["name"] in OPERATOR_VOLUMES:
+        errors.add(f"{path}.name", f"{m['name']!r} is the operator's volume: {_WHY_OPERATOR_VOLUME}")
+
+
+_WHY_OPERATOR_VOLUME = ("the operator mounts it where it belongs (the shaper's /tmp, read-only for the trainer, "
+                        "so that it can plant nothing there)")
+VOLUME_MOUNT = Obj({
+    "name": F(_NAME, required=True),
+    "mountPath": F(Str(), required=True),
+    "readOnly": F(Bool()),
+    "subPath": F(Str()),
+    "subPathExpr": F(Str()),
+}, checks=[_check_mount], cel=[{"rule": f"!(self.name in {list(OPERATOR_VOLUMES)})",
+                                "message": f"this is the operator's volume: {_WHY_OPERATOR_VOLUME}",
+                                "fieldPath": ".name"}])
+
 CONTAINER = Obj({
     "name": F(Str(doc="trainer"), required=True),
     "env": F(ListOf(ENV_VAR, max_items=_MAX_ENV)),
     "envFrom": F(ListOf(Obj({"configMapRef": F(Free()), "secretRef": F(Free()), "prefix": F(Str())}),
                         max_items=32)),
-    "volumeMounts": F(ListOf(Obj({
-        "name": F(_NAME, required=True),
-        "mountPath": F(Str(), required=True),
-        "readOnly": F(Bool()),
-        "subPath": F(Str()),
-        "subPathExpr": F(Str()),
-    }), max_items=32)),
+    "volumeMounts": F(ListOf(VOLUME_MOUNT, max_items=32)),
     "resources": F(RESOURCES),
     "image": F(Refused("the trainer's image is spec.image", type="string")),
     "command": F(Refused("the trainer runs `netsense worker`, configured by the job", type="strings")),
@@ -143,7 +154,7 @@ def _check_volume(v: dict, path: str, errors: Errors) -> None:
 
 _PROJECTION = Obj({
     "configMap": F(Free()), "secret": F(Free()), "downwardAPI": F(Free()), "clusterTrustBundle": F(Free()),
-    "serviceAccountToken": F(Refused("workers never talk to the API server: no service account token")),
+    "serviceAccountToken": F(Refused(fence.WHY_NO_TOKEN)),
 })
 
 VOLUME = Obj({
@@ -156,11 +167,10 @@ VOLUME = Obj({
     "csi": F(Free()),
     "ephemeral": F(Free()),
     "downwardAPI": F(Free()),
-    "hostPath": F(Refused("a hostPath volume would mount the node's filesystem into the pod")),
+    "hostPath": F(Refused(fence.WHY_HOST_PATH)),
 }, checks=[_check_volume], cel=[{"rule": f"!(self.name in {list(OPERATOR_VOLUMES)})",
                                  "message": "this is the operator's volume", "fieldPath": ".name"}])
 
-_OFF_THE_LINK = "would take the pod off the shaped interface (onto the node's own network, unshaped)"
 POD_SPEC = Obj({
     "nodeSelector": F(MapOf(Str(), max_properties=64)),
     "affinity": F(Free()),
@@ -172,13 +182,13 @@ POD_SPEC = Obj({
     "imagePullSecrets": F(ListOf(Obj({"name": F(Str(), required=True)}), max_items=16)),
     "volumes": F(ListOf(VOLUME, max_items=64)),
     "containers": F(ListOf(CONTAINER, max_items=1, doc="the trainer's additions")),
-    "hostNetwork": F(Refused(f"hostNetwork {_OFF_THE_LINK}", type="boolean")),
-    "hostPID": F(Refused("hostPID would show the pod every process of its node", type="boolean")),
-    "hostIPC": F(Refused("hostIPC would share the node's IPC namespace with the pod", type="boolean")),
+    "hostNetwork": F(Refused(fence.WHY_HOST_NETWORK, type="boolean")),
+    "hostPID": F(Refused(fence.WHY_HOST_PID, type="boolean")),
+    "hostIPC": F(Refused(fence.WHY_HOST_IPC, type="boolean")),
     "hostUsers": F(Refused("the pod's user namespace is the runtime's default", type="boolean")),
     "securityContext": F(Refused("the operator sets the pod's security context (the trainer: non-root, no "
                                  "capabilities, seccomp RuntimeDefault)")),
-    "shareProcessNamespace": F(Refused("would let the trainer see the shaper's processes", type="boolean")),
+    "shareProcessNamespace": F(Refused(fence.WHY_SHARE_PROCESSES, type="boolean")),
     "serviceAccountName": F(Refused("workers never talk to the API server (no service account token)", type="string")),
     "automountServiceAccountToken": F(Refused("workers never talk to the API server (no service account token)", type="boolean")),
     "nodeName": F(Refused("skips the scheduler; use nodeSelector or affinity", type="string")),

@@ -37,8 +37,8 @@ from netsense.gang import TRAINER, judge, rank_failure
 from netsense.keys import camel_keys
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
-from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, parse_spec
-from netsense_operator import metrics
+from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, fence, parse_spec
+from netsense_operator import metrics, quota
 from netsense_operator import resources as res
 from netsense_operator import status as st
 from netsense_operator.metrics import METRICS
@@ -123,6 +123,12 @@ class AdmissionWait(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
+
+
+class GangRolledBack(AdmissionWait):
+    """A create refused for a reason that passes (a quota) after part of the gang was made: what was made is
+    deleted again, so that no rank holds a share of the quota while it waits for ranks that cannot come, and
+    the next gang is a new attempt (not a restart: nothing ran)."""
 
 
 class Refused(Exception):
@@ -304,9 +310,55 @@ def _create_shared(job: Job, namespace: str, uid: str) -> None:
     _create("Service", res.service(job, namespace, uid), namespace, uid)
 
 
+# Waiting for a quota's room: the next look at the namespace's quotas after QUOTA_BACKOFF_S, doubling up to
+# QUOTA_BACKOFF_MAX_S while the gang still does not fit (a pass in between says the last answer, at no request).
+QUOTA_BACKOFF_S, QUOTA_BACKOFF_MAX_S = 2.0, 30.0
+_quota_waits: dict[str, tuple[float, float, str]] = {}  # job uid -> (next look, delay, the last shortfall)
+
+
+def _check_quota(namespace: str, uid: str, pods: list[dict]) -> None:
+    """AdmissionWait("QuotaExceeded") unless every pod of ``pods`` fits the namespace's quotas now (quota.py)."""
+    now = time.monotonic()
+    waiting = _quota_waits.get(uid)
+    if waiting and now < waiting[0]:
+        raise AdmissionWait("QuotaExceeded", waiting[2])
+    try:
+        quotas = core().api_client.sanitize_for_serialization(core().list_namespaced_resource_quota(namespace).items)
+    except ApiException as e:
+        if e.status == 403:  # an install from before this check: the create's own refusal is the net
+            return
+        raise kopf.TemporaryError(f"listing the ResourceQuotas of {namespace}: {_api_message(e)}", delay=5) from e
+    short = quota.shortfall(quotas, quota.demand(pods))
+    if short is None:
+        _quota_waits.pop(uid, None)
+        return
+    delay = min(QUOTA_BACKOFF_MAX_S, 2 * waiting[1]) if waiting else QUOTA_BACKOFF_S
+    _quota_waits[uid] = (now + delay, delay, short)
+    raise AdmissionWait("QuotaExceeded", short)
+
+
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
-    for rank in range(job.workers) if ranks is None else ranks:
-        _create("Pod", res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE), namespace, uid)
+    """The gang whole or not at all. Every pod is built and checked against the fence's rules
+    (netsense.spec.fence) before the first is created: a pod no job may have is a defect of ours, said plainly,
+    never half a gang or a 403 from the fence. Then the quotas (quota.py): a gang that does not fit waits with
+    no pod made. A refusal that passes (a quota the check does not model) after part of the gang exists deletes
+    that part again (GangRolledBack)."""
+    pods = [res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE)
+            for rank in (range(job.workers) if ranks is None else ranks)]
+    for pod in pods:
+        if broken := fence.violations(pod):
+            raise Refused("InvalidPod", f"Pod {pod['metadata']['name']} breaks the fence: {'; '.join(broken)}")
+    _check_quota(namespace, uid, pods)
+    made = 0
+    try:
+        for pod in pods:
+            _create("Pod", pod, namespace, uid)
+            made += 1
+    except AdmissionWait as e:
+        if not made and len(pods) == job.workers:
+            raise
+        _delete_gang(job, namespace, attempt, uid)
+        raise GangRolledBack(e.reason, f"{e}; the part of the gang already made was deleted, to wait whole") from e
 
 
 def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:
@@ -362,11 +414,14 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         _fail_early(patch, body, e.reason, str(e))
         _delete_gang(job, namespace, 0, uid)  # a partial gang holds resources for nothing
         return
-    except AdmissionWait as e:  # the reconcile passes create the rest once it can be admitted
+    except AdmissionWait as e:  # the reconcile passes create the gang once it can be admitted
         conditions = st.set_condition(None, "PodsReady", "False", e.reason, str(e))
+        attempt = 1 if isinstance(e, GangRolledBack) else 0
+    else:
+        attempt = 0
     patch.status.update(
-        gangCreatedAt=st.now_iso(),
-        phase=st.PENDING, attempt=0, restarts=0, disruptions=0, startTime=st.now_iso(),
+        gangCreatedAt=st.now_iso(), pendingSince=st.now_iso(),
+        phase=st.PENDING, attempt=attempt, restarts=0, disruptions=0, startTime=st.now_iso(),
         appliedSpec=job.spec, observedGeneration=body["metadata"].get("generation"),
         workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
         conditions=conditions)
@@ -533,7 +588,7 @@ def _patch_status(name: str, namespace: str, body: dict) -> None:
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def forget(uid: str, **_) -> None:
     METRICS.job_phase(uid, None)
-    for memo in (_written, _shared_made, _progress_read, _swept):
+    for memo in (_written, _shared_made, _progress_read, _swept, _quota_waits):
         memo.pop(uid, None)
     for key in [k for k in _parsed if k[0] == uid]:
         _parsed.pop(key, None)
@@ -604,12 +659,18 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     verdict = judge(failure, restarts, job.run_policy, time.time() - st.parse_iso(status["startTime"]))
     if verdict is None and disrupted and phase in (st.PENDING, st.RUNNING):
         rank = min(disrupted)
-        msg = f"rank {rank} was disrupted: {disrupted[rank]}; restarting the gang (not counted against backoffLimit)"
+        disruptions, most = int(status.get("disruptions", 0)), job.run_policy["maxDisruptions"]
+        if disruptions >= most:
+            finish(st.FAILED, "DisruptionLimitExceeded", f"rank {rank} was disrupted: {disrupted[rank]} "
+                   f"(maxDisruptions {most} reached)", pods)
+            return
+        msg = (f"rank {rank} was disrupted: {disrupted[rank]}; restarting the gang (not counted against "
+               f"backoffLimit; disruption {disruptions + 1}/{most})")
         logger.warning(msg)
         kopf.event(body, type="Warning", reason="Disrupted", message=msg)
         METRICS.restarted()
-        patch.status.update(attempt=attempt + 1, disruptions=int(status.get("disruptions", 0)) + 1, phase=st.PENDING,
-                            trainingStartTime=None, gangCreatedAt=None,
+        patch.status.update(attempt=attempt + 1, disruptions=disruptions + 1, phase=st.PENDING,
+                            trainingStartTime=None, gangCreatedAt=None, pendingSince=st.now_iso(),
                             conditions=st.set_condition(st.set_condition(conditions, "Running", "False", "Disrupted",
                                                                          msg), "Restarting", "True", "Disrupted", msg))
         return
@@ -623,7 +684,7 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             kopf.event(body, type="Warning", reason="Restarting", message=msg)
             METRICS.restarted()
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, trainingStartTime=None,
-                                gangCreatedAt=None,
+                                gangCreatedAt=None, pendingSince=st.now_iso(),
                                 conditions=st.set_condition(st.set_condition(conditions, "Running", "False", why, msg),
                                                             "Restarting", "True", why, msg))
         else:
@@ -656,6 +717,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             return
         except AdmissionWait as e:
             blocked = (e.reason, str(e))
+            if isinstance(e, GangRolledBack):  # the next gang is a new attempt: not a restart, nothing ran
+                _update(patch, status, attempt=attempt + 1, gangCreatedAt=None)
     waiting = ""
     if blocked:
         waiting = blocked[1]
@@ -667,10 +730,11 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             conditions = st.set_condition(conditions, "PodsReady", "False", "Waiting", waiting)
     if phase == st.PENDING:
         limit = job.run_policy.get("pendingTimeoutSeconds")
-        created = status.get("gangCreatedAt")
-        if limit and created and time.time() - st.parse_iso(created) > limit:
-            finish(st.FAILED, "PendingTimeout", f"the gang was not all running {limit}s after its pods were created"
-                   + (f": {waiting}" if waiting else ""), pods)
+        # Since the job last became Pending (created, restarted, resumed): a wait for quota or room counts too.
+        since = status.get("pendingSince") or status.get("gangCreatedAt")
+        if limit and since and time.time() - st.parse_iso(since) > limit:
+            finish(st.FAILED, "PendingTimeout", f"the gang was not all running {limit}s after the job became "
+                   "Pending" + (f": {waiting}" if waiting else ""), pods)
             return
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
         result = st.result_of(by_rank[0])
@@ -781,7 +845,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
         fresh = status.get("gangCreatedAt") is not None or bool(pods)
         kopf.event(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
         patch.status.update(phase=st.PENDING, attempt=attempt + 1 if fresh else attempt, startTime=st.now_iso(),
-                            trainingStartTime=None, gangCreatedAt=None,
+                            trainingStartTime=None, gangCreatedAt=None, pendingSince=st.now_iso(),
                             conditions=st.set_condition(conditions, "Suspended", "False", "Resumed",
                                                         "spec.suspend is false"))
         return True

@@ -38,6 +38,7 @@ from netsense.gang import (
     worker_env,
 )
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
+from netsense.spec.fence import SHAPER_TMP_VOLUME
 from netsense.spec.job import DEFAULT_IMAGE
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
@@ -55,7 +56,7 @@ QUEUE_CSV = "/tmp/netsense-queue.csv"
 RUN_VOLUME = {"name": "netsense-run", "mountPath": RUN_DIR}
 # The shaper's root filesystem is read-only: what it writes (the ready file, the queue samples) goes to a /tmp of
 # its own, and a link the trainer plants in the shared volume cannot point a root write into the image.
-SHAPER_TMP = {"name": "netsense-shaper-tmp", "mountPath": "/tmp"}
+SHAPER_TMP = {"name": SHAPER_TMP_VOLUME, "mountPath": "/tmp"}
 # The trainer sees the shaper's /tmp read-only (so it can plant nothing there) to copy the queue samples into the
 # job's output volume at its end: the shaper, root, never writes to a volume the job chose.
 LINK_DIR = "/run/netsense-link"
@@ -152,7 +153,7 @@ def _shaper(job: Job, image: str) -> dict:
                     "--direction", net["direction"],
                     "--start-file", START_FILE, "--ready-file", READY_FILE, "--queue-csv", QUEUE_CSV,
                     "--queue-summary", QUEUE_SUMMARY],
-        "volumeMounts": [RUN_VOLUME, JOB_VOLUME, SHAPER_TMP],
+        "volumeMounts": [dict(RUN_VOLUME), dict(JOB_VOLUME), dict(SHAPER_TMP)],  # copies: the pod is the caller's
         # Root with NET_ADMIN alone, no privilege escalation, a read-only image. Not a non-root user: Kubernetes
         # has no ambient capabilities (KEP-2763 is not implemented), so a non-root shaper could only get
         # NET_ADMIN from file capabilities on tc, which need allowPrivilegeEscalation: true.
@@ -226,16 +227,17 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         "containers": [trainer],
         "volumes": [{"name": JOB_VOLUME["name"], "configMap": {"name": config_name(job.name)}}],
     }
-    trainer["volumeMounts"] = [JOB_VOLUME]
+    # Copies of the module's mounts: the pod is the caller's to change, and a change must not reach the next pod.
+    trainer["volumeMounts"] = [dict(JOB_VOLUME)]
     if net.get("profile"):
         spec["initContainers"] = [_shaper(job, shaper_image)]
-        trainer["volumeMounts"].append(RUN_VOLUME)
+        trainer["volumeMounts"].append(dict(RUN_VOLUME))
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
         spec["volumes"].append({"name": SHAPER_TMP["name"], "emptyDir": {}})  # queue samples: ~20 MB an hour
     if output:
-        trainer["volumeMounts"].append(OUTPUT_MOUNT)
+        trainer["volumeMounts"].append(dict(OUTPUT_MOUNT))
         if shaped:
-            trainer["volumeMounts"].append(TRAINER_LINK)
+            trainer["volumeMounts"].append(dict(TRAINER_LINK))
         spec["volumes"].append({"name": OUTPUT_MOUNT["name"],
                                 "persistentVolumeClaim": {"claimName": output["claimName"]}})
         spec["securityContext"].update(fsGroup=TRAINER_UID, fsGroupChangePolicy="OnRootMismatch")

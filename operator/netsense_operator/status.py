@@ -28,6 +28,11 @@ MUTABLE = ("suspend",)  # the fields a started job may change
 # How a pod's end reads when it was not its own failure (the DisruptionTarget condition, Kubernetes >= 1.26,
 # and the older reasons): eviction (the Eviction API, a node drain, node pressure), preemption, a lost node.
 DISRUPTION_REASONS = ("Evicted", "Preempting", "Preempted", "NodeLost", "Terminated", "Shutdown", "NodeShutdown")
+# The kubelet's words when it evicts a pod for the pod's own use (pkg/kubelet/eviction): past its ephemeral-storage
+# or emptyDir limit, or, under node pressure, named as the container that used more than it requested. The same
+# job would do it again: a failure (counted against backoffLimit), never a disruption to restart without end.
+SELF_EVICTED = ("exceeds the total limit of containers", "exceeded its local ephemeral storage limit",
+                "Usage of EmptyDir volume", "has larger consumption of")
 
 
 def set_condition(conditions: list[dict] | None, type_: str, status: str, reason: str, message: str) -> list[dict]:
@@ -61,6 +66,8 @@ def failure_reason(pod: dict) -> str:
     """Why a pod failed, in one line: the trainer's own message first."""
     term = trainer_terminated(pod) or {}
     status = pod.get("status") or {}
+    if evicted := self_evicted(pod):
+        return evicted
     text = term.get("message") or term.get("reason") or status.get("message") or status.get("reason") or "failed"
     exit_code = term.get("exitCode")
     text = " ".join(str(text).split())
@@ -72,7 +79,7 @@ def disruption(pod: dict) -> str | None:
     (``kubectl delete``, a drain, the Eviction API, a lost node's), a DisruptionTarget condition, or a reason
     of eviction or preemption. Not a succeeded pod's deletion (the job's own cleanup)."""
     status = pod.get("status") or {}
-    if status.get("phase") == "Succeeded":
+    if status.get("phase") == "Succeeded" or self_evicted(pod):
         return None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
@@ -81,6 +88,15 @@ def disruption(pod: dict) -> str | None:
         return " ".join(f"{status['reason']}: {status.get('message') or ''}".split())
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return "deleted"
+    return None
+
+
+def self_evicted(pod: dict) -> str | None:
+    """Why the kubelet evicted the pod for its own use of a resource (None: it did not), in one line."""
+    status = pod.get("status") or {}
+    message = status.get("message") or ""
+    if status.get("reason") == "Evicted" and any(words in message for words in SELF_EVICTED):
+        return " ".join(f"evicted for its own use: {message}".split())
     return None
 
 
