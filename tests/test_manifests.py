@@ -58,7 +58,8 @@ def test_kustomizations_render_and_validate(kubectl, overlay):
     docs = render(kubectl, overlay)
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds
-    assert ("ClusterRoleBinding" in kinds) != overlay.endswith("namespaced")
+    bindings = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert ("netsense-operator" in bindings) != overlay.endswith("namespaced")
     for d in docs:
         validate(d)
 
@@ -66,15 +67,20 @@ def test_kustomizations_render_and_validate(kubectl, overlay):
 def test_the_namespaced_install_binds_the_one_list_of_rules_in_its_namespace_only(kubectl):
     """One RBAC source: the namespaced install binds base/rbac.yaml's ClusterRole with a RoleBinding (rights in
     that namespace alone) and has no ClusterRoleBinding, so it reads no pod or log elsewhere."""
-    cluster_wide = one(render(kubectl, "manifests/base"), "ClusterRole")
+    cluster_wide = next(d for d in render(kubectl, "manifests/base")
+                        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "netsense-operator")
     docs = render(kubectl, "manifests/overlays/namespaced")
-    assert one(docs, "ClusterRole") == cluster_wide
+    assert cluster_wide in docs
     binding = one(docs, "RoleBinding", "ml-team")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": cluster_wide["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "netsense-operator",
                                     "namespace": "netsense-system"}]
-    assert "ClusterRoleBinding" not in {d["kind"] for d in docs}
+    # Cluster-wide, it may only read nodes (is a rank's node lost?).
+    bound = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in bound] == ["netsense-operator-nodes"]
+    nodes_role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "netsense-operator-nodes")
+    assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "ml-team"]
     command = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--namespace") + 1] == "ml-team"

@@ -427,6 +427,9 @@ RUN_POLICY = Obj({
                                        "(DisruptionLimitExceeded); not counted against backoffLimit, an event each"),
                         default=10),
     "activeDeadlineSeconds": F(Int(min=1, doc="fail the job this long after it started (or was resumed)")),
+    "lostNodeSeconds": F(Int(min=1, doc="cluster: a rank whose node has not been Ready this long is lost: the "
+                                        "gang restarts as a disruption, and pods on that node are deleted at "
+                                        "once (no kubelet is left to end them)"), default=60),
     "pendingTimeoutSeconds": F(Int(min=1, doc="cluster: fail the job when its gang is not all running this long "
                                               "after the job became Pending (created, restarted or resumed: a "
                                               "wait for quota, scheduling and image pulls all count); what it "

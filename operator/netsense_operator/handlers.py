@@ -38,7 +38,7 @@ from netsense.keys import camel_keys
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, fence, parse_spec
-from netsense_operator import metrics, quota
+from netsense_operator import metrics, nodes, quota
 from netsense_operator import resources as res
 from netsense_operator import status as st
 from netsense_operator.metrics import METRICS
@@ -157,9 +157,27 @@ def _calls(kind: str) -> tuple:
             "Pod": (c.create_namespaced_pod, c.read_namespaced_pod, c.delete_namespaced_pod)}[kind]
 
 
-def _delete(kind: str, name: str, namespace: str) -> None:
+def _read_node(name: str) -> dict | None:
     try:
-        _calls(kind)[2](name, namespace, **({"grace_period_seconds": 5} if kind == "Pod" else {}))
+        return core().api_client.sanitize_for_serialization(core().read_node(name))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        if e.status == 403:
+            logging.getLogger(__name__).warning(
+                "cannot read nodes (RBAC: get on nodes): a lost node's pods are noticed only once the taint manager "
+                "evicts them")
+            raise PermissionError(name) from e
+        raise kopf.TemporaryError(f"reading node {name}: {_api_message(e)}", delay=5) from e
+
+
+NODES = nodes.NodeWatch(_read_node)
+
+
+def _delete(kind: str, name: str, namespace: str, force: bool = False) -> None:
+    """``force``: grace 0, for a pod on a lost node (no kubelet is left to end it gracefully)."""
+    try:
+        _calls(kind)[2](name, namespace, **({"grace_period_seconds": 0 if force else 5} if kind == "Pod" else {}))
     except ApiException as e:
         if e.status != 404:
             raise
@@ -206,9 +224,13 @@ def _create(kind: str, body: dict, namespace: str, uid: str) -> None:
     raise kopf.TemporaryError(f"{kind} {name} was left by an earlier job of the same name; replacing it", delay=2)
 
 
-def _delete_pods(namespace: str, pods: list[dict]) -> None:
+def _delete_pods(namespace: str, pods: list[dict], lost_after_s: float | None = None) -> None:
+    """Each pod, at once (grace 0) where its node is lost (``lost_after_s``: the job's lostNodeSeconds), else
+    gracefully; a pod already terminating is deleted again only to force it."""
     for pod in pods:
-        _delete("Pod", pod["metadata"]["name"], namespace)
+        force = lost_after_s is not None and NODES.lost(pod, lost_after_s) is not None
+        if force or not pod["metadata"].get("deletionTimestamp"):
+            _delete("Pod", pod["metadata"]["name"], namespace, force=force)
 
 
 def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> int:
@@ -224,10 +246,10 @@ def _delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> int:
             if e.status == 404:
                 continue
             raise
-        if res.controller_uid(core().api_client.sanitize_for_serialization(pod)) == uid:
+        pod = core().api_client.sanitize_for_serialization(pod)
+        if res.controller_uid(pod) == uid:
             found += 1
-            if not pod.metadata.deletion_timestamp:
-                _delete("Pod", name, namespace)
+            _delete_pods(namespace, [pod], job.run_policy["lostNodeSeconds"])
     return found
 
 
@@ -241,6 +263,7 @@ async def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
         "metadata": {"name": meta["name"], "uid": meta.get("uid"), "labels": dict(labels),
                      "creationTimestamp": meta.get("creationTimestamp"),
                      "deletionTimestamp": meta.get("deletionTimestamp")},
+        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},  # whether its node is lost (nodes.py)
         "status": copy.deepcopy(dict(body.get("status") or {}))}}
 
 
@@ -625,8 +648,7 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             pods.append(pod)
         else:
             predecessors.append(pod)
-            if not pod["metadata"].get("deletionTimestamp"):
-                _delete("Pod", pod["metadata"]["name"], namespace)
+    _delete_pods(namespace, predecessors, job.run_policy["lostNodeSeconds"])
     by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
@@ -649,7 +671,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     missing = [r for r in range(job.workers) if r not in by_rank]
     # A rank evicted, preempted, drained or deleted is a disruption, not its failure: the gang restarts at once
     # (its collectives would wait for the lost rank until their timeout), and backoffLimit does not count it.
-    disrupted = {r: why for r, p in by_rank.items() if (why := st.disruption(p))}
+    disrupted = {r: why for r, p in by_rank.items()
+                 if (why := st.disruption(p) or NODES.lost(p, job.run_policy["lostNodeSeconds"]))}
     if missing and phase == st.RUNNING:
         disrupted.update({r: "its pod disappeared" for r in missing})
     failed = [r for r, p in phases.items() if p == "Failed" and r not in disrupted]
