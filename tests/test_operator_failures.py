@@ -7,7 +7,8 @@ What each test guards, in the words of a user:
 - a pod the Kubernetes client refuses to build fails the job (InvalidPod) instead of retrying for ever;
 - a job whose spec, recorded by an earlier operator, this one no longer accepts is ended (InvalidSpec), its pods
   deleted, once;
-- a second operator waits while the first leads, and when the first stops it leads and reconciles.
+- a second operator waits while the first leads, and when the first stops it leads and reconciles;
+- a pass that read an older version of a job neither writes its status over a newer one nor makes a gang from it.
 """
 
 from __future__ import annotations
@@ -268,3 +269,57 @@ def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, r
     with pytest.raises(handlers.AdmissionWait) as e:
         handlers._create("Pod", {"metadata": {"name": "j-a0-w0"}}, "fresh", "uid")
     assert e.value.reason == reason and message in str(e.value)
+
+
+# ---- a pass on an older view of the job ------------------------------------------------------------------------
+
+@pytest.fixture
+def as_handlers(kube, monkeypatch):
+    """The operator's handlers module, talking to this API server as the test's admin."""
+    from netsense_operator import handlers
+
+    monkeypatch.setattr(handlers, "_core", kube.core)
+    monkeypatch.setattr(handlers, "_custom", kube.custom)
+    return handlers
+
+
+def _finished_behind_the_watch(kube, ns: str, name: str) -> tuple[dict, dict]:
+    """A job the operator suspended, then a newer write (Failed) that a lagging watch has not shown: (the job as
+    the pass read it, its status then)."""
+    kube.create_job(ns, name, quick_spec(suspend=True))
+    wait_for(lambda: kube.status(ns, name).get("phase") == "Suspended", what="Suspended")
+    seen = kube.job(ns, name)
+    # What a pass saw a moment before the newer write: the job resumed, Pending, its gang not made yet.
+    status = dict(seen["status"], phase="Pending", startTime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": {
+        "phase": "Failed", "reason": "Test", "completionTime": "2026-01-01T00:00:00Z"}})
+    return seen, status
+
+
+def test_a_status_write_never_regresses_a_newer_phase_but_survives_other_changes(kube, ns, operator, as_handlers):
+    """The write carries the version the pass read: when the job's phase moved on since, nothing is written; when
+    only something else changed (kopf's annotations, a user's spec, another field), it is written over it."""
+    seen, status = _finished_behind_the_watch(kube, ns, "older")
+    written = as_handlers._patch_status("older", ns, {"status": {"phase": "Running"}},
+                                        seen["metadata"]["resourceVersion"], status)
+    assert written is False and kube.status(ns, "older")["phase"] == "Failed"
+    now = kube.job(ns, "older")
+    kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, "older",
+                                                      {"status": {"message": "someone else's field"}})
+    assert as_handlers._patch_status("older", ns, {"status": {"reason": "Ours"}}, now["metadata"]["resourceVersion"],
+                                     now["status"]) is True
+    assert kube.status(ns, "older")["reason"] == "Ours"
+
+
+def test_a_pass_on_an_older_view_makes_no_gang(kube, ns, operator, as_handlers):
+    """The watch can lag the operator's own last write: a pass that still sees the job Pending after it was
+    finished must not make its pods (they would run for nothing)."""
+    import kopf
+
+    seen, status = _finished_behind_the_watch(kube, ns, "lagging")
+    meta = seen["metadata"]
+    as_handlers._reconcile(name="lagging", namespace=ns, uid=meta["uid"], spec=dict(seen["spec"], suspend=False),
+                           status=status,
+                           patch=kopf.Patch(), body=kopf.Body(seen), logger=as_handlers.logging.getLogger("t"),
+                           pods_by_job={})
+    assert kube.pods(ns, "lagging") == [], "a gang was made from an older view of a finished job"

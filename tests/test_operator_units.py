@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -43,22 +42,6 @@ def test_a_pod_that_vanished_while_the_watch_was_away_is_dropped_once_a_resync_l
     for _ in range(5):
         handlers._resync(index)
     assert len(lists) == 2, "a LIST (two pages) every pass, not one a RESYNC_S"
-
-
-def test_no_decision_on_a_status_older_than_the_operators_own_write():
-    """A timer pass that sees the job before the watch showed the operator's last write of its phase or
-    attempt does nothing (it could re-create a gang the last pass had just finished)."""
-    from netsense_operator import handlers
-
-    uid = f"stale-{uuid.uuid4().hex}"
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"phase": "Failed"})
-    assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})  # the watch still shows Running
-    assert not handlers._stale(uid, {"attempt": 0, "phase": "Failed"})  # it caught up
-    handlers._remember(uid, {"attempt": 0, "phase": "Running"}, {"attempt": 1, "phase": "Pending"})
-    assert handlers._stale(uid, {"attempt": 0, "phase": "Running"})
-    assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"})
-    handlers._written[uid] = (5, "Pending", time.monotonic() - handlers.STALE_AFTER_S - 1)
-    assert not handlers._stale(uid, {"attempt": 1, "phase": "Pending"}), "a write never seen holds forever"
 
 
 # The kubelet's own messages (pkg/kubelet/eviction/helpers.go), as a pod's status carries them.

@@ -534,9 +534,9 @@ def _lock(uid: str) -> threading.Lock:
 
 def _pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
     """One reconcile of one job, whoever started it (its timer, its own event, a pod's event): one at a time a
-    job, none on a status older than this operator's last write (_stale), and its status written before the
-    next pass starts (by this pass, not by kopf after the handler returns: an older write landing after a newer
-    one could leave a finished job's status stale for good). Remembered only once written."""
+    job, and its status written before the next pass starts (by this pass, not by kopf after the handler
+    returns), never over a newer phase or attempt (_patch_status: a resourceVersion precondition, and on a
+    conflict a look at what changed): an older view writes nothing, and the next pass decides again."""
     start = time.perf_counter()
     written = None
     with _lock(uid):
@@ -544,8 +544,10 @@ def _pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, 
             _reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
             written = patch.pop("status", None)
             if written:
-                _patch_status(name, namespace, {"status": dict(written)})
-                _remember(uid, status, written)
+                version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
+                if _patch_status(name, namespace, {"status": dict(written)}, version, status) and \
+                        ("phase" in written or "attempt" in written):
+                    _written[uid] = _phase_and_attempt({**status, **written})
         finally:
             METRICS.reconciled(time.perf_counter() - start)
             METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))
@@ -574,7 +576,8 @@ async def jobs_by_uid(body: kopf.Body, uid: str, **_) -> dict:
     pod, not its job). Without annotations or managedFields: kubectl's copy of a large trace stays out."""
     meta = body["metadata"]  # kopf replaces a body's dicts on each event, never mutates them: no deep copy
     return {uid: {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                  "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "generation", "deletionTimestamp")},
+                  "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "generation", "deletionTimestamp",
+                                                        "resourceVersion")},
                   "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}}
 
 
@@ -595,17 +598,76 @@ def pod_changed(labels: kopf.Labels, jobs_by_uid: kopf.Index, pods_by_job: kopf.
             logger.info(f"job {meta['name']}: {e}")
 
 
-def _patch_status(name: str, namespace: str, body: dict) -> None:
+def _phase_and_attempt(status: dict) -> tuple[str | None, int]:
+    return status.get("phase"), int(status.get("attempt", 0))
+
+
+def _patch_status(name: str, namespace: str, body: dict, resource_version: str | None = None,
+                  seen: dict | None = None) -> bool:
     """The status as kopf would write it (a merge patch of the status subresource: a null deletes a key, a list is
-    replaced)."""
+    replaced). With ``resource_version`` (the version the pass decided on) and ``seen`` (the status it read), a
+    write that cannot regress a newer phase or attempt: while the job is at that version it is written; when it
+    changed meanwhile but is at the same phase and attempt (kopf's annotations, a user's spec change, another
+    field of ours) it is written over the new version; when its phase or attempt moved on, nothing is written
+    (False), and the next pass decides again from what it is now."""
+    for _ in range(3):
+        sent = {**body, "metadata": {"resourceVersion": resource_version}} if resource_version else body
+        try:
+            custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, sent,
+                                                           _content_type="application/merge-patch+json")
+            return True
+        except ApiException as e:
+            if e.status == 404:  # gone meanwhile: nothing to write to
+                return False
+            if e.status != 409 or seen is None:
+                raise kopf.TemporaryError(f"writing the status of {name}: {_api_message(e)}", delay=2) from e
+        except urllib3.exceptions.HTTPError as e:  # the API server unreachable
+            raise kopf.TemporaryError(f"writing the status of {name}: {e}", delay=2) from e
+        fresh = _read_job(name, namespace)
+        if fresh is None or _phase_and_attempt(fresh.get("status") or {}) != _phase_and_attempt(seen):
+            logging.getLogger(__name__).info(f"job {name}: its phase or attempt moved on since this pass read it; "
+                                             "nothing written")
+            return False
+        resource_version = fresh["metadata"]["resourceVersion"]
+    return False
+
+
+def _read_job(name: str, namespace: str) -> dict | None:
     try:
-        custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, body,
-                                                       _content_type="application/merge-patch+json")
+        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     except ApiException as e:
-        if e.status != 404:  # gone meanwhile: nothing to write to
-            raise kopf.TemporaryError(f"writing the status of {name}: {_api_message(e)}", delay=2) from e
-    except urllib3.exceptions.HTTPError as e:  # the API server unreachable
-        raise kopf.TemporaryError(f"writing the status of {name}: {e}", delay=2) from e
+        if e.status == 404:
+            return None
+        raise kopf.TemporaryError(f"reading {name}: {_api_message(e)}", delay=2) from e
+
+
+_written: dict[str, tuple[str | None, int]] = {}  # job uid -> the (phase, attempt) this operator last wrote
+
+
+def _behind(uid: str, name: str, namespace: str, status: dict) -> bool:
+    """Whether a pass's view of the job is older than this operator's last write of its phase or attempt (the
+    watch lags the write): deciding on it would repeat what was just done (an event, a deletion). Only the
+    operator writes phase and attempt, and a write is remembered only once the API server took it, so the watch
+    shows it soon; until then a view that differs from it is asked of the API server (one GET), which also lets
+    go of the memory should anyone else have written since."""
+    mine = _written.get(uid)
+    if mine is None:
+        return False
+    if _phase_and_attempt(status) == mine:
+        del _written[uid]  # caught up
+        return False
+    if _current(name, namespace, status):
+        _written.pop(uid, None)  # the view is what the API server has: another writer came after ours
+        return False
+    return True
+
+
+def _current(name: str, namespace: str, status: dict) -> bool:
+    """Whether the job's status is still at the phase and attempt this pass read: asked of the API server (one
+    GET) before a pass makes a gang, since the watch can lag the operator's own last write, and a gang made
+    from an older view (say, one that was just finished) would run for nothing."""
+    fresh = _read_job(name, namespace)
+    return fresh is not None and _phase_and_attempt(fresh.get("status") or {}) == _phase_and_attempt(status)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
@@ -626,8 +688,8 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     _resync(pods_by_job)
     if phase is None or "appliedSpec" not in status:
         return  # the create handler has not finished yet
-    if _stale(uid, status):
-        return  # the watch has not shown this operator's last write yet: decide nothing on an older state
+    if _behind(uid, name, namespace, status):
+        return  # the watch has not shown this operator's last write yet: decide nothing on an older view
     try:
         job, profile = _applied(uid, name, status)
     except SpecError as e:  # recorded by an operator whose spec this one no longer reads: end, never loop
@@ -726,6 +788,9 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
         blocked = ("Predecessors", f"waiting for {left} pod(s) of an earlier attempt to terminate")
     else:
         try:
+            if (missing or (phase == st.PENDING and _shared_needed(uid, attempt, pods))) and \
+                    not _current(name, namespace, status):
+                return  # the watch has not shown this operator's last write yet: make nothing from an older view
             # What the gang needs to start, made once an attempt (a pass costs no request once it is there).
             if phase == st.PENDING and _shared_needed(uid, attempt, pods):
                 _create_shared(job, namespace, uid)
@@ -804,25 +869,6 @@ def _write_result(name: str, namespace: str, result: dict) -> None:
                                                        _content_type="application/json-patch+json")
     except ApiException as e:
         raise kopf.TemporaryError(f"writing the result: {_api_message(e)}", delay=2) from e
-
-
-_written: dict[str, tuple[int, str, float]] = {}  # job uid -> (attempt, phase, when) this operator last wrote
-STALE_AFTER_S = 30.0  # a write the watch never showed (it failed) is forgotten after this long
-
-
-def _stale(uid: str, status: dict) -> bool:
-    """Whether this pass sees the job's status from before this operator's last write of its phase or attempt
-    (the watch lags the write): acting on it could, say, re-create a gang that was just finished."""
-    mine = _written.get(uid)
-    if mine is None or time.monotonic() - mine[2] > STALE_AFTER_S:
-        return False
-    return (int(status.get("attempt", 0)), status.get("phase")) != mine[:2]
-
-
-def _remember(uid: str, status: dict, written: dict) -> None:
-    if "phase" in written or "attempt" in written:
-        _written[uid] = (int(written.get("attempt", status.get("attempt", 0))), written.get("phase", status.get("phase")),
-                         time.monotonic())
 
 
 def _spec_change(name: str, body: kopf.Body, spec: dict, status: dict, job: Job, patch: kopf.Patch,
