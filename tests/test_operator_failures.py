@@ -271,6 +271,61 @@ def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, r
     assert e.value.reason == reason and message in str(e.value)
 
 
+def _log_time(line: str) -> float:
+    """The time a log line was written (logging's "[YYYY-MM-DD HH:MM:SS,mmm]" prefix), as unix time."""
+    stamp = line[1:line.index("]")]
+    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000
+
+
+def _first_line(text: str, words: str) -> str:
+    return next(line for line in text.splitlines() if words in line)
+
+
+@pytest.mark.timeout(180)
+def test_a_leader_whose_api_calls_stall_stops_before_a_second_operator_leads(kube, ns, operator, operator_kubeconfig,
+                                                                            control_plane, tmp_path):
+    """Two replicas; the leader's link to the API server stalls (its calls hang, the server never hears it): it
+    stops acting at its renew deadline, counted from the last renewal it sent, before the other, which counts the
+    Lease's duration from the last change it saw, takes over. Never both."""
+    import yaml
+    from support.proxy import StallingProxy
+
+    with open(operator_kubeconfig) as fh:
+        config = yaml.safe_load(fh)
+    server = config["clusters"][0]["cluster"]["server"]
+    host, port = server.split("//")[1].rsplit(":", 1)
+    proxy = StallingProxy((host, int(port)))
+    config["clusters"][0]["cluster"]["server"] = f"https://{host}:{proxy.port}"
+    stalled_config = tmp_path / "through-proxy.kubeconfig"
+    stalled_config.write_text(yaml.safe_dump(config))
+    operator.stop()  # hands the Lease back
+    first = OperatorProcess(str(stalled_config), str(tmp_path / "first.log")).start()
+    second = None
+    try:
+        wait_for(lambda: "leading as" in open(first.log_path).read(), timeout=20, what="the first leading")
+        second = OperatorProcess(operator_kubeconfig, str(tmp_path / "second.log")).start()
+        wait_for(lambda: "holds the lease" in open(second.log_path).read(), timeout=20, what="the second waiting")
+        kube.create_job(ns, "led", quick_spec())
+        wait_for(lambda: len(kube.pods(ns, "led")) == 2, what="the first operator's gang")
+        proxy.stalled.set()
+        wait_for(lambda: "leading as" in open(second.log_path).read(), timeout=60, what="the second leading")
+        first_said, second_said = open(first.log_path).read(), open(second.log_path).read()
+        stopped = _log_time(_first_line(first_said, "stopping"))
+        took_over = _log_time(_first_line(second_said, "leading as"))
+        assert stopped < took_over, f"the first stopped at {stopped}, the second led at {took_over}"
+        assert first.proc.wait(timeout=30) is not None, "the first operator did not exit"
+        # The second runs the job on.
+        for pod in kube.pods(ns, "led"):
+            kube.set_pod_phase(ns, pod.metadata.name, "Running")
+        wait_for(lambda: kube.status(ns, "led").get("phase") == "Running", what="Running, by the second")
+    finally:
+        proxy.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+        operator.start()
+
+
 # ---- a pass on an older view of the job ------------------------------------------------------------------------
 
 @pytest.fixture

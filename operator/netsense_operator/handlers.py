@@ -38,7 +38,7 @@ from netsense.keys import camel_keys
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, fence, parse_spec
-from netsense_operator import metrics, nodes, quota
+from netsense_operator import leader, metrics, nodes, quota
 from netsense_operator import resources as res
 from netsense_operator import status as st
 from netsense_operator.metrics import METRICS
@@ -393,6 +393,8 @@ def _fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 def start(uid: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
+    if not leader.acting():
+        raise kopf.TemporaryError("not leading (the Lease may be another's): leaving the job to the leader", delay=5)
     if status.get("phase"):
         METRICS.job_phase(uid, status["phase"])
         return  # already started: the timer carries on (operator restart)
@@ -537,6 +539,8 @@ def _pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, 
     job, and its status written before the next pass starts (by this pass, not by kopf after the handler
     returns), never over a newer phase or attempt (_patch_status: a resourceVersion precondition, and on a
     conflict a look at what changed): an older view writes nothing, and the next pass decides again."""
+    if not leader.acting():
+        return  # the Lease may be another's by now: this process is on its way out (leader.py)
     start = time.perf_counter()
     written = None
     with _lock(uid):
