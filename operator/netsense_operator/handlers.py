@@ -534,27 +534,55 @@ def _lock(uid: str) -> threading.Lock:
         return _locks.setdefault(uid, threading.Lock())
 
 
+_again: set[str] = set()  # jobs a pass was asked for while one of theirs ran: that one goes again
+
+
 def _pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
     """One reconcile of one job, whoever started it (its timer, its own event, a pod's event): one at a time a
     job, and its status written before the next pass starts (by this pass, not by kopf after the handler
     returns), never over a newer phase or attempt (_patch_status: a resourceVersion precondition, and on a
-    conflict a look at what changed): an older view writes nothing, and the next pass decides again."""
+    conflict a look at what changed): an older view writes nothing, and the next pass decides again.
+
+    No thread waits for a job's lock: a pass asked for while one runs is folded into it (the running one goes
+    again, from the freshest view the watch has), so a 64-rank gang's burst of pod events holds one of kopf's
+    threads, not 32 of them while other jobs wait. The cluster-wide resync LIST runs outside any job's lock."""
     if not leader.acting():
         return  # the Lease may be another's by now: this process is on its way out (leader.py)
+    _resync(kwargs["pods_by_job"])
+    lock = _lock(uid)
+    while True:
+        if not lock.acquire(blocking=False):
+            _again.add(uid)
+            if not lock.acquire(blocking=False):  # still held: its holder sees _again once it is done
+                return
+        try:
+            _again.discard(uid)
+            _one_pass(uid, name, namespace, status, patch, **kwargs)
+        finally:
+            lock.release()
+        if uid not in _again:
+            return
+        job = next(iter((kwargs.get("jobs_by_uid") or {}).get(uid, [])), None)  # the freshest view
+        if job is None or job["metadata"].get("deletionTimestamp") or not _needs_reconcile(job["status"]):
+            return
+        status, patch = job["status"], kopf.Patch()
+        kwargs.update(spec=job["spec"], body=kopf.Body(job))
+
+
+def _one_pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Patch, **kwargs) -> None:
     start = time.perf_counter()
     written = None
-    with _lock(uid):
-        try:
-            _reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
-            written = patch.pop("status", None)
-            if written:
-                version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
-                if _patch_status(name, namespace, {"status": dict(written)}, version, status) and \
-                        ("phase" in written or "attempt" in written):
-                    _written[uid] = _phase_and_attempt({**status, **written})
-        finally:
-            METRICS.reconciled(time.perf_counter() - start)
-            METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))
+    try:
+        _reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
+        written = patch.pop("status", None)
+        if written:
+            version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
+            if _patch_status(name, namespace, {"status": dict(written)}, version, status) and \
+                    ("phase" in written or "attempt" in written):
+                _written[uid] = _phase_and_attempt({**status, **written})
+    finally:
+        METRICS.reconciled(time.perf_counter() - start)
+        METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL, sharp=False, backoff=5, when=_needs_reconcile)
@@ -597,7 +625,7 @@ def pod_changed(labels: kopf.Labels, jobs_by_uid: kopf.Index, pods_by_job: kopf.
         try:
             _pass(uid=meta["uid"], name=meta["name"], namespace=meta["namespace"], spec=job["spec"],
                   status=job["status"], patch=kopf.Patch(), body=kopf.Body(job), logger=logger,
-                  pods_by_job=pods_by_job)
+                  pods_by_job=pods_by_job, jobs_by_uid=jobs_by_uid)
         except kopf.TemporaryError as e:  # the job's own passes (its timer, its next event) try again
             logger.info(f"job {meta['name']}: {e}")
 
@@ -689,7 +717,6 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
     if phase in st.FINISHED:
         _expire(name, namespace, status)
         return
-    _resync(pods_by_job)
     if phase is None or "appliedSpec" not in status:
         return  # the create handler has not finished yet
     if _behind(uid, name, namespace, status):
