@@ -1,10 +1,15 @@
 """How many cells of a grid fit side by side on a cluster now (`netsense bench --cluster` without --parallel).
 
-A cell is one job: ``workers`` pods, each its trainer's requests plus its shaper's (a sidecar's requests add to
-the pod's). The room is what the scheduler would see in total: every Ready, schedulable node's allocatable cpu
-and memory, less what the pods on them that have not ended request. A total, not a packing: a cell whose pods
-fit in the sum but on no single node still waits (and fails after the pending timeout with the scheduler's
-reason), so this is an upper bound the campaign can meet, never more cells than there are.
+A cell is one job: the pods the operator would build for it (``worker_pod``: the trainer, the template's
+resources, the shaper sidecar, whose requests add to the pod's), each resource counted as the scheduler counts
+it (a request, or the limit where only a limit is set: a GPU asked for as ``limits: {nvidia.com/gpu: 1}``). The
+room is what the scheduler would see in total: every Ready, schedulable node's allocatable of every resource,
+less what the pods on them that have not ended request. A total, not a packing: a cell whose pods fit in the sum
+but on no single node still waits (and fails after the pending timeout with the scheduler's reason), so this is
+an upper bound the campaign can meet, never more cells than there are. Resources the cells ask for alone count
+(cpu, memory, nvidia.com/gpu, ...); a resource no node offers fits no cell.
+
+Building the pods needs the operator's distribution (``pip install . ./operator``), as `netsense operator` does.
 """
 
 from __future__ import annotations
@@ -12,60 +17,86 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from netsense.gang import SHAPER_RESOURCES, TRAINER_RESOURCES
 from netsense.spec import Job
+
+Resources = dict[str, Decimal]
 
 
 @dataclass(frozen=True)
 class Room:
-    cpu: Decimal
-    memory: Decimal
+    free: Resources  # by resource name: cpu, memory, nvidia.com/gpu, ...
     note: str  # how it was counted
 
 
-def cell_requests(job: Job) -> tuple[Decimal, Decimal]:
-    """(cpu, memory) one cell's pods request in all."""
-    from kubernetes.utils import parse_quantity
+def _operator():
+    try:
+        from netsense_operator import quota, resources
+    except ImportError as e:
+        raise SystemExit(f"netsense bench --cluster: sizing cells needs the operator's distribution "
+                         f"(pip install . ./operator): {e}") from e
+    return quota, resources
 
-    pod = [(job.spec.get("resources") or TRAINER_RESOURCES).get("requests") or {}]
-    if job.network.get("profile"):
-        pod.append(SHAPER_RESOURCES["requests"])
-    cpu = sum((parse_quantity(r.get("cpu", 0)) for r in pod), Decimal(0))
-    memory = sum((parse_quantity(r.get("memory", 0)) for r in pod), Decimal(0))
-    return cpu * job.workers, memory * job.workers
+
+def cell_requests(job: Job) -> Resources:
+    """What one cell's pods request in all, by resource, as the operator would build them."""
+    quota, resources = _operator()
+    total: Resources = {}
+    for rank in range(job.workers):
+        for name, value in quota.pod_use(resources.worker_pod(job, "bench", "cell", rank, 0)).items():
+            total[name] = total.get(name, Decimal(0)) + value
+    return {name: v for name, v in total.items() if v}
+
+
+def largest(cells: list[Resources]) -> Resources:
+    """Resource by resource, the most any one cell asks for (the campaign sizes for its largest cell)."""
+    out: Resources = {}
+    for cell in cells:
+        for name, value in cell.items():
+            out[name] = max(out.get(name, Decimal(0)), value)
+    return out
 
 
 def cluster_room(core=None) -> Room:
-    """Free cpu and memory on the Ready, schedulable nodes (allocatable alone where pods cannot be listed);
-    ``core``: a CoreV1Api (default: the current kubeconfig's)."""
+    """Free allocatable of every resource on the Ready, schedulable nodes (allocatable alone where pods cannot be
+    listed); ``core``: a CoreV1Api (default: the current kubeconfig's)."""
     from kubernetes import client
     from kubernetes.utils import parse_quantity
 
+    quota, _ = _operator()
     core = core or client.CoreV1Api()
     nodes = [n for n in core.list_node().items if not n.spec.unschedulable and any(
         c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
     names = {n.metadata.name for n in nodes}
-    cpu = sum((parse_quantity(n.status.allocatable.get("cpu", 0)) for n in nodes), Decimal(0))
-    memory = sum((parse_quantity(n.status.allocatable.get("memory", 0)) for n in nodes), Decimal(0))
+    free: Resources = {}
+    for n in nodes:
+        for name, value in (n.status.allocatable or {}).items():
+            free[name] = free.get(name, Decimal(0)) + parse_quantity(value)
     try:
         pods = core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
     except client.ApiException as e:
-        return Room(cpu, memory, f"{len(nodes)} Ready node(s)' allocatable (pods not listable: {e.status} {e.reason})")
-    for p in pods:
-        if p.spec.node_name not in names:
-            continue
-        # Sidecars (restartable init containers) hold their requests while the pod runs; plain init containers not.
-        sidecars = [c for c in p.spec.init_containers or [] if c.restart_policy == "Always"]
-        for c in [*(p.spec.containers or []), *sidecars]:
-            requests = (c.resources.requests if c.resources else None) or {}
-            cpu -= parse_quantity(requests.get("cpu", 0))
-            memory -= parse_quantity(requests.get("memory", 0))
-    return Room(max(cpu, Decimal(0)), max(memory, Decimal(0)), f"{len(nodes)} Ready node(s), less what their "
-                                                                 f"{sum(p.spec.node_name in names for p in pods)} pods request")
+        return Room(free, f"{len(nodes)} Ready node(s)' allocatable (pods not listable: {e.status} {e.reason})")
+    on_nodes = [p for p in pods if p.spec.node_name in names]
+    for p in on_nodes:
+        for name, value in quota.pod_use(core.api_client.sanitize_for_serialization(p)).items():
+            free[name] = free.get(name, Decimal(0)) - value
+    return Room({k: max(v, Decimal(0)) for k, v in free.items()},
+                f"{len(nodes)} Ready node(s), less what their {len(on_nodes)} pods request")
 
 
-def cells_that_fit(room: Room, cell: tuple[Decimal, Decimal], cells: int) -> int:
+def cells_that_fit(room: Room, cell: Resources, cells: int) -> int:
     """At least 1 (a cell that does not fit now may once others end), at most ``cells``."""
-    fits = [room.cpu / cell[0] if cell[0] else None, room.memory / cell[1] if cell[1] else None]
-    bound = min((int(f) for f in fits if f is not None), default=cells)
+    bound = min((int(room.free.get(name, Decimal(0)) / need) for name, need in cell.items() if need > 0),
+                default=cells)
     return max(1, min(cells, bound))
+
+
+def describe(resources: Resources) -> str:
+    """'2.02 cpu, 2.12 GiB memory, 1 nvidia.com/gpu' (memory-like resources in GiB)."""
+    parts = []
+    for name in sorted(resources, key=lambda n: (n not in ("cpu", "memory"), n)):
+        value = resources[name]
+        if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
+            parts.append(f"{value / 2**30:.2f} GiB {name}")
+        else:
+            parts.append(f"{value.normalize():f} {name}" if value == value.to_integral() else f"{value:.2f} {name}")
+    return ", ".join(parts) or "nothing"

@@ -203,15 +203,16 @@ class Volume:
 
 
 def _parallel_that_fits(todo: list) -> int:
-    """As many cells as the cluster's free cpu and memory hold now (the largest cell counted), said on stderr."""
+    """As many cells as the cluster's free resources hold now (the largest cell counted), said on stderr."""
     from netsense.bench import capacity
     from netsense.kubeclient import load_kube_config
     from netsense.spec import parse_job
 
     load_kube_config()
     room = capacity.cluster_room()
-    cell = max((capacity.cell_requests(parse_job(c.job)) for c in todo), default=(0, 0))
+    cell = capacity.largest([capacity.cell_requests(parse_job(c.job)) for c in todo])
     n = capacity.cells_that_fit(room, cell, len(todo))
-    print(f"netsense: --parallel {n}: a cell asks for {cell[0]:.2f} cpu and {cell[1] / 2**30:.2f} GiB; free: "
-          f"{room.cpu:.2f} cpu, {room.memory / 2**30:.2f} GiB ({room.note})", file=sys.stderr, flush=True)
+    free = {name: room.free.get(name, 0) for name in cell}
+    print(f"netsense: --parallel {n}: a cell asks for {capacity.describe(cell)}; free: {capacity.describe(free)} "
+          f"({room.note})", file=sys.stderr, flush=True)
     return n

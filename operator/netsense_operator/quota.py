@@ -7,9 +7,9 @@ up what the gang would use, in each quota's terms, and waits (condition QuotaExc
 resource) while any quota lacks room. A quota with scopes (Terminating, BestEffort, PriorityClass, ...) is not
 modelled here: a refusal by one is caught at creation, and what was made of the gang is deleted again.
 
-A pod's use, as the quota admission counts it: each resource's request (its limit where only a limit is set),
-summed over the app containers and the sidecars (restartable init containers), or the largest plain init
-container's if that is more; ``pods`` and ``count/pods`` count it once.
+A pod's use, as the quota admission and the scheduler count it: each resource's request (its limit where only a
+limit is set), summed over the app containers and the sidecars (restartable init containers), or a plain init
+container's with the sidecars started before it, if that is more; ``pods`` and ``count/pods`` count it once.
 """
 
 from __future__ import annotations
@@ -37,19 +37,25 @@ def _add(total: dict[str, Decimal], more: dict[str, Decimal]) -> None:
 
 
 def pod_use(pod: dict, kind: str = "requests") -> dict[str, Decimal]:
-    """A pod's effective ``kind`` ("requests" or "limits") by resource name."""
+    """A pod's effective ``kind`` ("requests" or "limits") by resource name, as the scheduler and the quota
+    count it: the app containers and the sidecars together, or, if more, a plain init container with the
+    sidecars started before it."""
     spec = pod.get("spec") or {}
     running: dict[str, Decimal] = {}
-    inits = []
+    sidecars: dict[str, Decimal] = {}
+    peaks: list[dict[str, Decimal]] = []
     for c in spec.get("containers") or []:
         _add(running, _container(c, kind))
     for c in spec.get("initContainers") or []:
         if c.get("restartPolicy") == "Always":
-            _add(running, _container(c, kind))
+            _add(sidecars, _container(c, kind))
         else:
-            inits.append(_container(c, kind))
-    for init in inits:
-        for name, v in init.items():
+            peak = dict(sidecars)
+            _add(peak, _container(c, kind))
+            peaks.append(peak)
+    _add(running, sidecars)
+    for peak in peaks:
+        for name, v in peak.items():
             running[name] = max(running.get(name, Decimal(0)), v)
     return running
 
