@@ -219,3 +219,115 @@ def test_reading_a_cells_files_never_borrows_the_processes_api_client(monkeypatc
     assert len(used) == 2 and used[0] is not used[1]
     assert all(c is not shared and isinstance(c, client.ApiClient) for c in used)
     assert shared.call_api == shared_call, "the shared client was changed"
+
+
+class _Exec:
+    """What kubernetes.stream returns for the reader's exec: stdout and stderr as given, then the exit code;
+    ``cut``: the stream drops after the first stdout chunk (the reader pod deleted mid-fetch)."""
+
+    def __init__(self, stdout: list[str], stderr: str = "", code: int = 0, cut: bool = False):
+        self.stdout, self.stderr, self.returncode, self.cut = list(stdout), stderr, code, cut
+        self.open = True
+
+    def is_open(self):
+        return self.open
+
+    def update(self, timeout=None):
+        if self.cut and not self.stdout:
+            raise ConnectionResetError("Connection to remote host was lost.")
+        if not self.stdout:
+            self.open = False
+
+    def peek_stdout(self):
+        return bool(self.stdout)
+
+    def read_stdout(self):
+        chunk = self.stdout.pop(0)
+        if self.cut:
+            self.stdout.clear()
+        return chunk
+
+    def peek_stderr(self):
+        return bool(self.stderr) and not self.open
+
+    def read_stderr(self):
+        said, self.stderr = self.stderr, ""
+        return said
+
+    def close(self):
+        self.open = False
+
+
+def _archive(files: dict[str, str]) -> str:
+    import base64
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.parametrize("exec_, why", [
+    (lambda a: _Exec([a[: len(a) // 2]], cut=True), "ConnectionResetError"),  # the reader pod deleted mid-fetch
+    (lambda a: _Exec([a[: len(a) // 2]], "netsense-tar-exit:0\n"), "reading rank-0"),  # a truncated archive
+    (lambda a: _Exec([a], "tar: ./result.json: file changed as we read it\nnetsense-tar-exit:1\n"), "tar exit 1"),
+    (lambda a: _Exec([], "netsense-tar-exit:0\n"), "the stream ended before the archive"),
+])
+def test_a_fetch_that_breaks_is_an_artifacts_error_never_another_exception(monkeypatch, tmp_path, exec_, why):
+    """tar's own status is read (a pipe into base64 hid it), and a dropped stream or a truncated archive is an
+    ArtifactsError, which the campaign handles, not an exception that ends it."""
+    import kubernetes.stream
+
+    from netsense.bench.artifacts import ArtifactsError, VolumeReader
+
+    monkeypatch.setattr(kubernetes.stream, "stream", lambda *a, **k: exec_(_archive({"result.json": "{}" * 4000})))
+    with pytest.raises(ArtifactsError) as e:
+        VolumeReader("ns", "claim", "image", "campaign").fetch("rank-0", str(tmp_path / "dest"))
+    assert why in str(e.value)
+
+
+def test_a_cell_whose_fetch_fails_is_tried_once_more_with_a_fresh_reader_and_the_campaign_goes_on(
+        monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from netsense.bench import artifacts
+    from netsense.bench.run import Volume
+
+    readers: list = []
+
+    class Reader:
+        def __init__(self, *args):
+            self.closed = False
+            readers.append(self)
+
+        def start(self):
+            pass
+
+        def close(self):
+            self.closed = True
+
+        def fetch(self, path, dest):
+            if len(readers) == 1 or fails_always:
+                raise artifacts.ArtifactsError(f"reading {path}: ConnectionResetError: the reader pod went away")
+            os.makedirs(dest, exist_ok=True)
+            return ["attempt-0/rank-0/result.json"]
+
+    monkeypatch.setattr(artifacts, "VolumeReader", Reader)
+    volume = Volume("ns", "claim", "image", {}, "campaign")
+    cell = SimpleNamespace(job={"metadata": {"name": "job-1"}}, name="cell-1")
+    fails_always = False
+    result = {"status": "Succeeded"}
+    volume.collect(cell, str(tmp_path / "cell-1"), result, plot=False)
+    assert len(readers) == 2 and readers[0].closed, "no fresh reader for the second try"
+    assert "artifacts_error" not in result and result["artifacts"].endswith("/job-1")
+    fails_always = True
+    result = {"status": "Succeeded"}
+    volume.collect(cell, str(tmp_path / "cell-2"), result, plot=False)  # does not raise: the campaign goes on
+    assert "the reader pod went away" in result["artifacts_error"] and result["status"] == "Succeeded"
+    assert "trying once more" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from netsense.errors import BadInput
 
 READER_MOUNT = "/volume"
 READER_UID = 65532  # the trainer's: the files it wrote are its own
+TAR_EXIT = "netsense-tar-exit:"
 
 
 class ArtifactsError(BadInput, RuntimeError):
@@ -125,14 +126,21 @@ class VolumeReader:
         has no such directory (a cell that failed before any rank wrote)."""
         from kubernetes import client
 
+        # tar's own exit status on stderr: through a pipe, sh reports base64's alone (and dash has no pipefail).
         script = (f"cd {READER_MOUNT} && if [ -d {shlex.quote(path)} ]; then "
-                  f"tar -C {shlex.quote(path)} -czf - . | base64; fi")
+                  f"{{ tar -C {shlex.quote(path)} -czf - .; echo \"{TAR_EXIT}$?\" >&2; }} | base64; fi")
         # An API client of this call's own: kubernetes.stream swaps its client's call_api for a websocket one
         # while it opens the exec, so on a shared client another thread's plain request in that window went
         # out as a websocket upgrade ("Handshake status 200 OK"), and two streams at once (--parallel cells
         # collected together) could leave the swap in place for good.
         with client.ApiClient() as own:
-            return self._fetch(client.CoreV1Api(own), path, dest, script, timeout_s)
+            try:
+                return self._fetch(client.CoreV1Api(own), path, dest, script, timeout_s)
+            except ArtifactsError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a dropped stream, a reader pod gone, a truncated archive
+                raise ArtifactsError(f"reading {path} from {self.claim}: {type(e).__name__}: "
+                                     f"{' '.join(str(e).split())[:300]}") from e
 
     def _fetch(self, api, path: str, dest: str, script: str, timeout_s: float) -> list[str]:
         from kubernetes.stream import stream
@@ -153,10 +161,17 @@ class VolumeReader:
             raise ArtifactsError(f"reading {path} from {self.claim}: not done after {timeout_s:.0f}s")
         code = resp.returncode
         resp.close()
+        said = "".join(err)
+        tar_exit = [line.removeprefix(TAR_EXIT) for line in said.splitlines() if line.startswith(TAR_EXIT)]
+        said = "\n".join(line for line in said.splitlines() if not line.startswith(TAR_EXIT)).strip()[-500:]
         if code:
-            raise ArtifactsError(f"reading {path} from {self.claim}: exit {code}: {''.join(err).strip()[-500:]}")
+            raise ArtifactsError(f"reading {path} from {self.claim}: exit {code}: {said}")
+        if tar_exit and tar_exit[-1] != "0":
+            raise ArtifactsError(f"reading {path} from {self.claim}: tar exit {tar_exit[-1]}: {said}")
         data = "".join(out).strip()
         if not data:
+            if tar_exit:  # tar ran, and its archive never came: the stream was cut
+                raise ArtifactsError(f"reading {path} from {self.claim}: the stream ended before the archive")
             return []
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(data)), mode="r:gz") as tar:

@@ -94,7 +94,7 @@ def describe(resources: Resources) -> str:
     """'2.02 cpu, 2.12 GiB memory, 1 nvidia.com/gpu' (memory-like resources in GiB)."""
     parts = []
     for name in sorted(resources, key=lambda n: (n not in ("cpu", "memory"), n)):
-        value = resources[name]
+        value = Decimal(resources[name])
         if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
             parts.append(f"{value / 2**30:.2f} GiB {name}")
         else:

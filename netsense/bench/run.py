@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -125,6 +126,10 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     if varied:
         with open(os.path.join(out_dir, "sensitivity.json"), "w") as fh:
             json.dump(varied, fh, indent=1, default=str)
+    unread = [r for r in results if r.get("artifacts_error")]
+    if unread:
+        print(f"netsense: the artifacts of {len(unread)} cell(s) could not be read (their results stand): "
+              + ", ".join(f"{r['scenario']}/{r['method_label']}/s{r['seed']}" for r in unread), file=sys.stderr)
     md = report.markdown(name, rows, grid, ceiling, measured, describe(source, results), varied)
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write(md + "\n")
@@ -168,24 +173,44 @@ class Volume:
         self.reader = None
         self.lock = threading.Lock()
 
+    def _reader(self, fresh: bool = False):
+        """The campaign's reader pod, started at the first cell that needs it; ``fresh``: a new one (the last
+        was deleted, or its stream broke)."""
+        from netsense.bench import artifacts
+
+        with self.lock:
+            if fresh and self.reader is not None:
+                self.reader.close()
+                self.reader = None
+            if self.reader is None:
+                image = self.image or artifacts.reader_image(self.namespace, self.grid.get("base") or {})
+                reader = artifacts.VolumeReader(self.namespace, self.claim, image, self.campaign)
+                reader.start()
+                self.reader = reader
+            return self.reader
+
     def collect(self, cell, cell_dir: str, result: dict, plot: bool) -> None:
-        """The cell's files into cell_dir (netsense.bench.artifacts.lay_out); a cell whose files cannot be read
-        keeps its result and says why."""
+        """The cell's files into cell_dir (netsense.bench.artifacts.lay_out). A fetch that fails (the reader pod
+        deleted, a dropped stream, a truncated archive) is tried once more with a fresh reader; a cell whose files
+        still cannot be read keeps its result, marked (artifacts_error, and the campaign's last lines), and the
+        campaign goes on."""
         from netsense.bench import artifacts
 
         job = cell.job["metadata"]["name"]
-        try:
-            with self.lock:
-                if self.reader is None:
-                    image = self.image or artifacts.reader_image(self.namespace, self.grid.get("base") or {})
-                    reader = artifacts.VolumeReader(self.namespace, self.claim, image, self.campaign)
-                    reader.start()
-                    self.reader = reader
-            files = self.reader.fetch(f"{self.path}/{job}", os.path.join(cell_dir, "artifacts"))
-        except artifacts.ArtifactsError as e:
-            result["artifacts_error"] = str(e)
-            print(f"    netsense: {cell.name}: {e}", file=sys.stderr, flush=True)
+        dest = os.path.join(cell_dir, "artifacts")
+        files = None
+        for attempt in (1, 2):
+            try:
+                files = self._reader(fresh=attempt == 2).fetch(f"{self.path}/{job}", dest)
+                break
+            except artifacts.ArtifactsError as e:
+                shutil.rmtree(dest, ignore_errors=True)  # nothing half-extracted is taken for the cell's files
+                print(f"    netsense: {cell.name}: {e}" + ("; trying once more with a fresh reader pod"
+                                                          if attempt == 1 else ""), file=sys.stderr, flush=True)
+                result["artifacts_error"] = str(e)
+        if files is None:
             return
+        result.pop("artifacts_error", None)
         result["artifacts"] = f"pvc://{self.claim}/{self.path}/{job}"
         timeline = artifacts.lay_out(cell_dir)
         if plot and timeline:
