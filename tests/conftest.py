@@ -71,6 +71,7 @@ def operator_kubeconfig(control_plane, kube):
 
     for name in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
         kube.apply_file(os.path.join(REPO, "manifests", "base", name))
+    kube.roomy_node()  # gangs are admitted against the nodes' free room (gate.py): one with room for every test's
     return control_plane.token_kubeconfig("netsense-operator", "netsense-system")
 
 

@@ -80,7 +80,7 @@ def test_the_namespaced_install_binds_the_one_list_of_rules_in_its_namespace_onl
     bound = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert [b["roleRef"]["name"] for b in bound] == ["netsense-operator-nodes"]
     nodes_role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "netsense-operator-nodes")
-    assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
     assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "ml-team"]
     command = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--namespace") + 1] == "ml-team"

@@ -107,9 +107,7 @@ def test_a_rank_on_a_lost_node_restarts_the_gang_as_a_disruption_and_its_pods_go
         kube.create_job(ns, "stranded", quick_spec(runPolicy={"backoffLimit": 0, "lostNodeSeconds": 30}))
         pods = wait_for(lambda: len(kube.pods(ns, "stranded")) == 2 and kube.pods(ns, "stranded"), what="pods")
         for pod in pods:
-            kube.core.create_namespaced_pod_binding(pod.metadata.name, ns, {
-                "metadata": {"name": pod.metadata.name}, "target": {"kind": "Node", "name": name}},
-                _preload_content=False)
+            kube.bind(ns, pod.metadata.name, name)
         running(kube, ns, "stranded", 0)
         unreachable = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
                        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
@@ -232,6 +230,45 @@ def test_a_gang_refused_midway_by_a_quota_deletes_what_it_made_and_waits_whole(k
                                                                                     "used": {"pods": "0"}}})
     wait_for(lambda: len(kube.pods(ns, "partial")) == 4, timeout=60, what="the whole gang once there is room")
     assert kube.status(ns, "partial")["restarts"] == 0
+
+
+def _gated(kube, ns: str, name: str) -> list[bool]:
+    return [bool(p.spec.scheduling_gates) for p in kube.pods(ns, name)]
+
+
+def test_two_gangs_that_cannot_both_fit_the_nodes_start_one_after_the_other_and_nothing_is_counted(
+        kube, ns, operator):
+    """One node of 2.5 cpu for the jobs (their nodeSelector), gangs of 2 x 1.01 cpu: the second gang's pods wait
+    behind their gate (no rank of it scheduled, none timing out at the rendezvous), then start once the first
+    gang has ended."""
+    pool = {"pool": f"small-{ns}"}
+    node = f"small-{ns}"
+    kube.node(node, {"cpu": "2500m", "memory": "16Gi", "pods": "110"}, labels=pool)
+    spec = quick_spec(podTemplate={"spec": {"nodeSelector": pool}})
+    try:
+        kube.create_job(ns, "first", spec)
+        wait_for(lambda: _gated(kube, ns, "first") == [False, False], what="the first gang's gates lifted")
+        kube.create_job(ns, "second", spec)
+        st = wait_for(lambda: (s := kube.status(ns, "second")).get("phase") == "Pending" and
+                      (_condition(s, "PodsReady") or {}).get("reason") == "WaitingForRoom" and s,
+                      what="the second gang waiting for room")
+        assert "does not fit the free room" in _condition(st, "PodsReady")["message"]
+        assert _gated(kube, ns, "second") == [True, True]
+        for pod in kube.pods(ns, "first"):  # the scheduler places the first gang
+            kube.bind(ns, pod.metadata.name, node)
+        time.sleep(3)  # bound, counted on the node now: still no room for the second
+        assert _gated(kube, ns, "second") == [True, True], "a gang that does not fit was let through"
+        _finish(kube, ns, "first")
+        wait_for(lambda: _gated(kube, ns, "second") == [False, False], timeout=30,
+                 what="the second gang's gates lifted once the first ended")
+        for pod in kube.pods(ns, "second"):
+            kube.bind(ns, pod.metadata.name, node)
+            kube.set_pod_phase(ns, pod.metadata.name, "Running")
+        st = wait_for(lambda: (s := kube.status(ns, "second")).get("phase") == "Running" and s, what="second Running")
+        assert st["restarts"] == st["disruptions"] == st["attempt"] == 0
+        assert kube.status(ns, "first")["restarts"] == 0
+    finally:
+        kube.core.delete_node(node)
 
 
 def test_a_spec_change_is_refused_by_generation_but_a_suspended_jobs_pod_template_is_taken(kube, ns, operator):

@@ -122,3 +122,68 @@ def test_a_gang_that_does_not_fit_a_quota_says_which_and_what():
     scoped = _quota("best-effort", {"pods": "0"}, {}, scopes=["BestEffort"])
     assert quota.shortfall([scoped], need) is None  # scopes: left to the create's own refusal
     assert "not counted yet" in quota.shortfall([_quota("new", {"pods": "10"})], need)
+
+
+def _node(name: str, cpu: str, gpus: int = 0, labels: dict | None = None, taints: list | None = None) -> dict:
+    alloc = {"cpu": cpu, "memory": "16Gi", "pods": "110", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {"taints": taints or []},
+            "status": {"allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _gang(workers: int, cpu: str = "1", gpus: int = 0, **template) -> list[dict]:
+    from netsense_operator import resources as res
+
+    from netsense.spec import parse_spec
+
+    limits = {"nvidia.com/gpu": gpus} if gpus else {}
+    job = parse_spec({"workers": workers, "resources": {"requests": {"cpu": cpu}, "limits": limits},
+                      **({"podTemplate": {"spec": template}} if template else {})}, "g")
+    return [res.worker_pod(job, "ns", "uid", r, 0) for r in range(workers)]
+
+
+def test_a_gang_fits_only_where_every_rank_finds_a_node_that_may_host_it():
+    from netsense_operator import gate
+
+    nodes = [_node("a", "2"), _node("b", "1500m")]
+    room = gate.node_room(nodes, [])
+    assert gate.shortfall(nodes, room, _gang(3, "1")) is None  # a: 2 ranks, b: 1
+    assert "does not fit" in gate.shortfall(nodes, room, _gang(4, "1"))
+    busy = {"spec": {"nodeName": "a", "containers": [{"resources": {"requests": {"cpu": "1500m"}}}]},
+            "status": {"phase": "Running"}}
+    assert "does not fit" in gate.shortfall(nodes, gate.node_room(nodes, [busy]), _gang(3, "1"))
+    done = {**busy, "status": {"phase": "Succeeded"}}  # an ended pod holds nothing
+    assert gate.shortfall(nodes, gate.node_room(nodes, [done]), _gang(3, "1")) is None
+    # Room by cpu but not by GPU; a taint not tolerated; a nodeSelector no node matches.
+    gpu_nodes = [_node("g", "64", gpus=1), _node("h", "64")]
+    assert "nvidia.com/gpu" in gate.shortfall(gpu_nodes, gate.node_room(gpu_nodes, []), _gang(2, "1", gpus=1))
+    tainted = [_node("t", "64", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])]
+    assert gate.shortfall(tainted, gate.node_room(tainted, []), _gang(1)) is not None
+    assert gate.shortfall(tainted, gate.node_room(tainted, []), _gang(1, tolerations=[
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])) is None
+    assert gate.shortfall(nodes, room, _gang(1, nodeSelector={"pool": "gpu"})) is not None
+    cordoned = [{**_node("c", "64"), "spec": {"unschedulable": True}}]
+    assert "no Ready node" in gate.shortfall(cordoned, gate.node_room(cordoned, []), _gang(1))
+
+
+def test_an_admitted_gang_not_bound_yet_holds_its_room():
+    from netsense_operator import gate
+
+    nodes = [_node("a", "2500m")]
+    room = gate.node_room(nodes, [])
+    first = _gang(2, "1")
+    assert gate.shortfall(nodes, room, first) is None
+    gate.reserve(nodes, room, first)
+    assert gate.shortfall(nodes, room, _gang(2, "1")) is not None
+
+
+def test_every_worker_pod_waits_behind_the_gangs_gate_unless_kueue_admits_it():
+    from netsense_operator import gate
+    from netsense_operator import resources as res
+
+    from netsense.spec import parse_spec
+
+    assert all(gate.gated(p) for p in _gang(2))
+    # A template label naming a Kueue queue: Kueue gates and admits the pod group itself.
+    job = parse_spec({"workers": 2, "podTemplate": {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}}, "k")
+    kueue = [res.worker_pod(job, "ns", "uid", r, 0) for r in range(2)]
+    assert not any(gate.gated(p) for p in kueue)

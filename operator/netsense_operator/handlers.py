@@ -38,7 +38,7 @@ from netsense.keys import camel_keys
 from netsense.kubeclient import load_kube_config
 from netsense.shaping.profiles import Profile, build_profile
 from netsense.spec import GROUP, PLURAL, VERSION, Job, SpecError, check_cluster, fence, parse_spec
-from netsense_operator import leader, metrics, nodes, quota
+from netsense_operator import gate, leader, metrics, nodes, quota
 from netsense_operator import resources as res
 from netsense_operator import status as st
 from netsense_operator.metrics import METRICS
@@ -263,7 +263,9 @@ async def pods_by_job(body: kopf.Body, labels: kopf.Labels, **_) -> dict:
         "metadata": {"name": meta["name"], "uid": meta.get("uid"), "labels": dict(labels),
                      "creationTimestamp": meta.get("creationTimestamp"),
                      "deletionTimestamp": meta.get("deletionTimestamp")},
-        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},  # whether its node is lost (nodes.py)
+        # Whether its node is lost (nodes.py), and whether it still waits behind the gang's gate (gate.py).
+        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName"),
+                 "schedulingGates": copy.deepcopy(list((body.get("spec") or {}).get("schedulingGates") or []))},
         "status": copy.deepcopy(dict(body.get("status") or {}))}}
 
 
@@ -358,6 +360,78 @@ def _check_quota(namespace: str, uid: str, pods: list[dict]) -> None:
     delay = min(QUOTA_BACKOFF_MAX_S, 2 * waiting[1]) if waiting else QUOTA_BACKOFF_S
     _quota_waits[uid] = (now + delay, delay, short)
     raise AdmissionWait("QuotaExceeded", short)
+
+
+# Gang admission (gate.py): one gang at a time, against the cluster's free room (cached ROOM_CACHE_S) less the
+# gangs admitted whose pods are not bound yet.
+ROOM_CACHE_S = 5.0
+_admission = threading.Lock()
+_room: list = []  # [(when, nodes, room by node)] while cached
+_reserved: dict[str, list[dict]] = {}  # job uid -> its admitted gang's pods, until they are bound
+_room_unknown_said = [False]
+
+
+def _cluster_room() -> tuple[list[dict], dict] | None:
+    """(Ready nodes, free room by node), or None where nodes cannot be listed (RBAC)."""
+    if _room and time.monotonic() - _room[0][0] < ROOM_CACHE_S:
+        return _room[0][1], {k: dict(v) for k, v in _room[0][2].items()}
+    serialize = core().api_client.sanitize_for_serialization
+    try:
+        nodes = serialize(core().list_node().items)
+    except ApiException as e:
+        if e.status != 403:
+            raise kopf.TemporaryError(f"listing nodes: {_api_message(e)}", delay=5) from e
+        if not _room_unknown_said[0]:
+            _room_unknown_said[0] = True
+            logging.getLogger(__name__).warning("cannot list nodes (RBAC: list on nodes): gangs are started without "
+                                                "checking that they fit")
+        return None
+    running = "status.phase!=Succeeded,status.phase!=Failed"
+    try:
+        pods = serialize(core().list_pod_for_all_namespaces(field_selector=running).items)
+    except ApiException as e:  # a namespaced install: the pods it may see (other namespaces' are not counted)
+        if e.status != 403:
+            raise kopf.TemporaryError(f"listing pods: {_api_message(e)}", delay=5) from e
+        pods = [p for n in os.environ.get("NETSENSE_NAMESPACES", "").split(",") if n
+                for p in serialize(core().list_namespaced_pod(n, field_selector=running).items)]
+    room = gate.node_room(nodes, pods)
+    _room[:] = [(time.monotonic(), nodes, room)]
+    return nodes, {k: dict(v) for k, v in room.items()}
+
+
+def _admit(job: Job, namespace: str, uid: str, attempt: int, pods: list[dict]) -> tuple[str, str] | None:
+    """Lift the gang's gates together if the whole gang fits now (None), else why it waits."""
+    gang = [res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE)
+            for rank in range(job.workers)]
+    with _admission:
+        view = _cluster_room()
+        if view is not None:
+            nodes, room = view
+            for other, admitted in _reserved.items():
+                if other != uid:
+                    gate.reserve(nodes, room, admitted)
+            why = gate.shortfall(nodes, room, gang)
+            if why:
+                return "WaitingForRoom", why
+        for pod in pods:
+            if gate.gated(pod):
+                _lift(pod["metadata"]["name"], namespace)
+        _reserved[uid] = gang
+    return None
+
+
+def _lift(name: str, namespace: str) -> None:
+    try:
+        core().patch_namespaced_pod(name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}])
+    except ApiException as e:
+        if e.status not in (404, 422):  # gone, or lifted already
+            raise kopf.TemporaryError(f"lifting the gate of {name}: {_api_message(e)}", delay=2) from e
+
+
+def _release(uid: str) -> None:
+    with _admission:
+        if _reserved.pop(uid, None) is not None:
+            _room.clear()  # the next admission lists again: what was reserved counts where it is bound
 
 
 def _create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
@@ -707,6 +781,7 @@ def forget(uid: str, **_) -> None:
     METRICS.job_phase(uid, None)
     for memo in (_written, _shared_made, _progress_read, _swept, _quota_waits):
         memo.pop(uid, None)
+    _release(uid)
     for key in [k for k in _parsed if k[0] == uid]:
         _parsed.pop(key, None)
 
@@ -838,6 +913,10 @@ def _reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pa
             blocked = (e.reason, str(e))
             if isinstance(e, GangRolledBack):  # the next gang is a new attempt: not a restart, nothing ran
                 _update(patch, status, attempt=attempt + 1, gangCreatedAt=None)
+    if phase == st.PENDING and not blocked and not missing and any(gate.gated(p) for p in pods):
+        blocked = _admit(job, namespace, uid, attempt, pods)
+    if uid in _reserved and (phase != st.PENDING or all((p.get("spec") or {}).get("nodeName") for p in pods)):
+        _release(uid)  # bound: the pods count on their nodes now
     waiting = ""
     if blocked:
         waiting = blocked[1]

@@ -40,6 +40,7 @@ from netsense.gang import (
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
 from netsense.spec.fence import SHAPER_TMP_VOLUME
 from netsense.spec.job import DEFAULT_IMAGE
+from netsense_operator.gate import GATE
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
 
@@ -241,13 +242,16 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         spec["volumes"].append({"name": OUTPUT_MOUNT["name"],
                                 "persistentVolumeClaim": {"claimName": output["claimName"]}})
         spec["securityContext"].update(fsGroup=TRAINER_UID, fsGroupChangePolicy="OnRootMismatch")
-    return _kueue_group(podtemplate.apply({
+    pod = _kueue_group(podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
                      "labels": labels(job.name, uid, attempt, rank),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": spec,
     }, job.spec.get("podTemplate")), job, uid, attempt)
+    if KUEUE_QUEUE not in pod["metadata"]["labels"]:  # Kueue gates and admits its pod groups itself
+        pod["spec"]["schedulingGates"] = [{"name": GATE}]  # lifted once the whole gang fits (gate.py)
+    return pod
 
 
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"

@@ -105,7 +105,10 @@ def waiting_reason(pod: dict) -> str | None:
     (the trainer, or the shaper: an init container) waiting, e.g. ImagePullBackOff or CrashLoopBackOff."""
     status = pod.get("status") or {}
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+        # SchedulingGated is the operator's own gate (gate.py: its WaitingForRoom says why), and it can stay on a pod
+        # for a moment after the gate is lifted, until the scheduler looks at the pod again.
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
+                cond.get("reason") != "SchedulingGated":
             return " ".join(f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or ''}".split())
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = (cs.get("state") or {}).get("waiting")

@@ -100,6 +100,32 @@ class Kube:
         sel = f"netsense.dev/job={job}" + (f",netsense.dev/attempt={attempt}" if attempt is not None else "")
         return sorted(self.core.list_namespaced_pod(ns, label_selector=sel).items, key=lambda p: p.metadata.name)
 
+    def node(self, name: str, allocatable: dict[str, str], labels: dict[str, str] | None = None) -> None:
+        """A Ready node as a kubelet would report it (none runs here: nothing schedules onto it by itself)."""
+        try:
+            self.core.create_node({"metadata": {"name": name, "labels": labels or {}}})
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        # Ready: without the not-ready taint that admission (TaintNodesByCondition) puts on a new node and only
+        # the node controller, absent here, takes off.
+        self.core.patch_node(name, {"spec": {"taints": None}})
+        self.core.patch_node_status(name, {"status": {"allocatable": allocatable, "capacity": allocatable,
+                                                      "conditions": [{"type": "Ready", "status": "True",
+                                                                      "reason": "KubeletReady", "message": "ok"}]}})
+
+    def roomy_node(self) -> None:
+        """A node with room for every test's gangs (the operator admits a gang only once it fits)."""
+        self.node("envtest-roomy", {"cpu": "1000", "memory": "4Ti", "pods": "10000"})
+
+    def bind(self, ns: str, pod: str, node: str, timeout: float = 30) -> None:
+        """What the scheduler does: bind the pod to the node, once its gang's gate is lifted."""
+        wait_for(lambda: not self.core.read_namespaced_pod(pod, ns).spec.scheduling_gates, timeout=timeout,
+                 what=f"{pod}'s gate lifted")
+        self.core.create_namespaced_pod_binding(pod, ns, {"metadata": {"name": pod},
+                                                          "target": {"kind": "Node", "name": node}},
+                                                _preload_content=False)
+
     def set_pod_phase(self, ns: str, pod: str, phase: str, message: str = "", exit_code: int = 0) -> None:
         """What a kubelet would report for the trainer container."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
