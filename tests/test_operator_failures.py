@@ -14,6 +14,7 @@ What each test guards, in the words of a user:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -125,10 +126,10 @@ def test_a_pod_the_client_cannot_build_fails_the_job_as_invalid_pod_with_no_pods
 
 
 def test_create_turns_the_clients_value_error_into_invalid_pod(monkeypatch):
-    """handlers._create's ValueError branch on its own: whatever the client refuses to build (pydantic's
+    """api.create's ValueError branch on its own: whatever the client refuses to build (pydantic's
     ValidationError is a ValueError) is Refused as InvalidPod, with the message on one line, and never sent."""
     import kopf
-    from netsense_operator import handlers
+    from netsense_operator import api
 
     def refuse(namespace, body, **_):
         raise ValueError("1 validation error for V1Pod\n  spec.volumes.0.configMap.defaultMode\n"
@@ -137,9 +138,9 @@ def test_create_turns_the_clients_value_error_into_invalid_pod(monkeypatch):
     def unreachable(*a, **k):
         raise AssertionError("read after the client refused to build: nothing was sent, nothing can be there")
 
-    monkeypatch.setattr(handlers, "_calls", lambda kind: (refuse, unreachable, unreachable))
-    with pytest.raises(handlers.Refused) as e:
-        handlers._create("Pod", {"metadata": {"name": "j-a0-w0"}}, "ns", "uid")
+    monkeypatch.setattr(api, "_calls", lambda kind: (refuse, unreachable, unreachable))
+    with pytest.raises(api.Refused) as e:
+        api.create("Pod", {"metadata": {"name": "j-a0-w0"}}, "ns", "uid")
     assert not isinstance(e.value, kopf.TemporaryError)
     assert e.value.reason == "InvalidPod"
     assert str(e.value) == ("Pod j-a0-w0 cannot be built: 1 validation error for V1Pod "
@@ -255,7 +256,7 @@ def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, r
     """A 403 that time resolves is a wait with the reason (the job stays Pending, PodsReady says why), never the
     AdmissionRefused failure a Pod Security refusal is."""
     from kubernetes.client import ApiException
-    from netsense_operator import handlers
+    from netsense_operator import api
 
     def forbidden(namespace, body, **_):
         e = ApiException(status=403, reason="Forbidden")
@@ -265,9 +266,9 @@ def test_create_waits_on_refusals_that_pass_on_their_own(monkeypatch, message, r
     def unreachable(*a, **k):
         raise AssertionError("nothing was created, so there is nothing to read or delete")
 
-    monkeypatch.setattr(handlers, "_calls", lambda kind: (forbidden, unreachable, unreachable))
-    with pytest.raises(handlers.AdmissionWait) as e:
-        handlers._create("Pod", {"metadata": {"name": "j-a0-w0"}}, "fresh", "uid")
+    monkeypatch.setattr(api, "_calls", lambda kind: (forbidden, unreachable, unreachable))
+    with pytest.raises(api.AdmissionWait) as e:
+        api.create("Pod", {"metadata": {"name": "j-a0-w0"}}, "fresh", "uid")
     assert e.value.reason == reason and message in str(e.value)
 
 
@@ -329,13 +330,15 @@ def test_a_leader_whose_api_calls_stall_stops_before_a_second_operator_leads(kub
 # ---- a pass on an older view of the job ------------------------------------------------------------------------
 
 @pytest.fixture
-def as_handlers(kube, monkeypatch):
-    """The operator's handlers module, talking to this API server as the test's admin."""
-    from netsense_operator import handlers
+def as_operator(kube, monkeypatch):
+    """The operator's modules (api, reconciler), talking to this API server as the test's admin."""
+    from types import SimpleNamespace
 
-    monkeypatch.setattr(handlers, "_core", kube.core)
-    monkeypatch.setattr(handlers, "_custom", kube.custom)
-    return handlers
+    from netsense_operator import api, reconciler
+
+    monkeypatch.setattr(api, "_core", kube.core)
+    monkeypatch.setattr(api, "_custom", kube.custom)
+    return SimpleNamespace(api=api, reconciler=reconciler)
 
 
 def _finished_behind_the_watch(kube, ns: str, name: str) -> tuple[dict, dict]:
@@ -351,30 +354,30 @@ def _finished_behind_the_watch(kube, ns: str, name: str) -> tuple[dict, dict]:
     return seen, status
 
 
-def test_a_status_write_never_regresses_a_newer_phase_but_survives_other_changes(kube, ns, operator, as_handlers):
+def test_a_status_write_never_regresses_a_newer_phase_but_survives_other_changes(kube, ns, operator, as_operator):
     """The write carries the version the pass read: when the job's phase moved on since, nothing is written; when
     only something else changed (kopf's annotations, a user's spec, another field), it is written over it."""
     seen, status = _finished_behind_the_watch(kube, ns, "older")
-    written = as_handlers._patch_status("older", ns, {"status": {"phase": "Running"}},
+    written = as_operator.api.patch_status("older", ns, {"status": {"phase": "Running"}},
                                         seen["metadata"]["resourceVersion"], status)
     assert written is False and kube.status(ns, "older")["phase"] == "Failed"
     now = kube.job(ns, "older")
     kube.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, "older",
                                                       {"status": {"message": "someone else's field"}})
-    assert as_handlers._patch_status("older", ns, {"status": {"reason": "Ours"}}, now["metadata"]["resourceVersion"],
+    assert as_operator.api.patch_status("older", ns, {"status": {"reason": "Ours"}}, now["metadata"]["resourceVersion"],
                                      now["status"]) is True
     assert kube.status(ns, "older")["reason"] == "Ours"
 
 
-def test_a_pass_on_an_older_view_makes_no_gang(kube, ns, operator, as_handlers):
+def test_a_pass_on_an_older_view_makes_no_gang(kube, ns, operator, as_operator):
     """The watch can lag the operator's own last write: a pass that still sees the job Pending after it was
     finished must not make its pods (they would run for nothing)."""
     import kopf
 
     seen, status = _finished_behind_the_watch(kube, ns, "lagging")
     meta = seen["metadata"]
-    as_handlers._reconcile(name="lagging", namespace=ns, uid=meta["uid"], spec=dict(seen["spec"], suspend=False),
+    as_operator.reconciler.reconcile(name="lagging", namespace=ns, uid=meta["uid"], spec=dict(seen["spec"], suspend=False),
                            status=status,
-                           patch=kopf.Patch(), body=kopf.Body(seen), logger=as_handlers.logging.getLogger("t"),
+                           patch=kopf.Patch(), body=kopf.Body(seen), logger=logging.getLogger("t"),
                            pods_by_job={})
     assert kube.pods(ns, "lagging") == [], "a gang was made from an older view of a finished job"

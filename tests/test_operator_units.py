@@ -19,7 +19,7 @@ def test_a_pod_that_vanished_while_the_watch_was_away_is_dropped_once_a_resync_l
     """After a 410 kopf lists again without a DELETED for pods gone meanwhile; they would stay in the index and
     their rank would never come back. A resync (one LIST for every job) drops what the API server no longer
     has; a pod created too close to the LIST to tell is kept; and one LIST a RESYNC_S, however many jobs."""
-    from netsense_operator import handlers
+    from netsense_operator import api, podindex
 
     lists = []
 
@@ -32,15 +32,15 @@ def test_a_pod_that_vanished_while_the_watch_was_away_is_dropped_once_a_resync_l
         return SimpleNamespace(data=json.dumps(page).encode())
 
     monkeypatch.delenv("NETSENSE_NAMESPACES", raising=False)
-    monkeypatch.setattr(handlers, "core", lambda: SimpleNamespace(list_pod_for_all_namespaces=list_pods))
-    monkeypatch.setattr(handlers, "_last_resync", [0.0])
-    monkeypatch.setattr(handlers, "_vanished", set())
+    monkeypatch.setattr(api, "core", lambda: SimpleNamespace(list_pod_for_all_namespaces=list_pods))
+    monkeypatch.setattr(podindex, "_last_resync", [0.0])
+    monkeypatch.setattr(podindex, "_vanished", set())
     index = {"job-a": [_pod("kept", 600), _pod("gone", 600), _pod("also-kept", 600)], "job-b": [_pod("new", 5)]}
-    handlers._resync(index)
-    assert [p["metadata"]["uid"] for p in handlers._pods(index, "job-a")] == ["kept", "also-kept"]
-    assert [p["metadata"]["uid"] for p in handlers._pods(index, "job-b")] == ["new"], "too recent to tell"
+    podindex.resync(index)
+    assert [p["metadata"]["uid"] for p in podindex.pods(index, "job-a")] == ["kept", "also-kept"]
+    assert [p["metadata"]["uid"] for p in podindex.pods(index, "job-b")] == ["new"], "too recent to tell"
     for _ in range(5):
-        handlers._resync(index)
+        podindex.resync(index)
     assert len(lists) == 2, "a LIST (two pages) every pass, not one a RESYNC_S"
 
 

@@ -445,7 +445,7 @@ def test_a_shaped_pods_link_carries_a_payload_after_idle_at_its_rate(operator, t
 
 # Chaos: what a user would break before trusting the operator on a real cluster.
 
-def _finish_without_duplicates(kubectl, name: str, ns: str = "default", timeout: float = 900) -> dict:
+def _finish_without_duplicates(kubectl, name: str, ns: str = "default", timeout: float = 900, workers: int = 2) -> dict:
     """Wait for the job to end; its final status, after checking every view of its pods (terminating ones
     included): never more than one gang's worth, never two attempts at once (a new gang beside its predecessor)."""
     peak, mixed = 0, []
@@ -466,7 +466,8 @@ def _finish_without_duplicates(kubectl, name: str, ns: str = "default", timeout:
     phase = _wait(f"{name} to finish", finished, timeout, every=1)
     status = _get(kubectl, "-n", ns, "nsj", name)["status"]
     assert phase == "Succeeded", json.dumps(status, indent=1)[:3000]
-    assert peak <= 2 and not mixed, f"{peak} pods at once for a 2-worker job; two attempts together: {mixed[:3]}"
+    assert peak <= workers and not mixed, \
+        f"{peak} pods at once for a {workers}-worker job; two attempts together: {mixed[:3]}"
     return status
 
 
@@ -503,6 +504,67 @@ def test_chaos_a_drain_under_a_quota_that_fits_one_gang(operator, tmp_path):
         print(f"\nE2E drain: the job's pods evicted in {time.monotonic() - t0:.1f}s")
         status = _finish_without_duplicates(kubectl, "drained", ns)
         assert status["disruptions"] >= 1 and status["restarts"] == 0, status
+    finally:
+        kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", timeout=300)
+
+
+def _job_doc(name: str, ns: str, **spec) -> dict:
+    with open(SAMPLE) as fh:
+        job = yaml.safe_load(fh)
+    job["metadata"].update(name=name, namespace=ns)
+    job["spec"]["training"]["epochs"] = 1
+    job["spec"].update(spec)
+    return job
+
+
+def _reasons_seen(kubectl, ns: str, name: str, seen: set) -> bool:
+    """Record the PodsReady reasons of a job as it goes; True once it has ended."""
+    status = _get(kubectl, "-n", ns, "nsj", name).get("status") or {}
+    seen.update(c.get("reason") for c in status.get("conditions") or [] if c["type"] == "PodsReady")
+    return status.get("phase") in ("Succeeded", "Failed")
+
+
+def _run_two(kubectl, tmp_path, ns: str, jobs: list[dict], waiting_reason: str) -> None:
+    """Apply both jobs; the second waits (``waiting_reason``) while the first runs; both end Succeeded, nothing
+    counted against either (no restart, no disruption)."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    (tmp_path / f"{ns}.yaml").write_text(yaml.safe_dump_all([namespace, *jobs]))
+    kubectl("apply", "-f", str(tmp_path / f"{ns}.yaml"))
+    first, second = (j["metadata"]["name"] for j in jobs)
+    reasons: set = set()
+    _wait(f"{second} to wait", lambda: _reasons_seen(kubectl, ns, second, reasons) or waiting_reason in reasons, 300)
+    assert waiting_reason in reasons, reasons
+    for name in (first, second):
+        workers = next(j for j in jobs if j["metadata"]["name"] == name)["spec"]["workers"]
+        status = _finish_without_duplicates(kubectl, name, ns, timeout=900, workers=workers)
+        assert status["restarts"] == 0 and status["disruptions"] == 0, status
+
+
+def test_two_gangs_that_cannot_both_fit_the_node_run_one_after_the_other(operator, tmp_path):
+    """The node has 2 cpu; each gang asks for 2 x 0.71: both cannot run at once. Without gang admission one rank
+    of each was scheduled, each rank 0 timed out at the rendezvous and restarted, again and again."""
+    kubectl, ns = operator, "e2e-fit"
+    jobs = [_job_doc(name, ns, resources={"requests": {"cpu": "700m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}})
+            for name in ("fits-first", "fits-second")]
+    try:
+        _run_two(kubectl, tmp_path, ns, jobs, "WaitingForRoom")
+    finally:
+        kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", timeout=300)
+
+
+def test_two_gangs_under_a_quota_for_one_run_one_after_the_other(operator, tmp_path):
+    """A quota of 6 pods and two 4-worker jobs: the second makes no pod while the first holds the quota, then
+    runs; neither fails (a half-made gang would hold quota waiting for ranks that cannot come)."""
+    kubectl, ns = operator, "e2e-quota"
+    small = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "3Gi"}}
+    jobs = [_job_doc(name, ns, workers=4, resources=small) for name in ("quota-first", "quota-second")]
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "six-pods", "namespace": ns},
+             "spec": {"hard": {"pods": "6"}}}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    try:
+        (tmp_path / "quota.yaml").write_text(yaml.safe_dump_all([namespace, quota]))
+        kubectl("apply", "-f", str(tmp_path / "quota.yaml"))
+        _run_two(kubectl, tmp_path, ns, jobs, "QuotaExceeded")
     finally:
         kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true", timeout=300)
 
