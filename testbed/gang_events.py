@@ -25,8 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from support.envtest import ControlPlane, binaries_dir, install_crd  # noqa: E402
-from support.kube import REPO, Kube, OperatorProcess, quick_spec, wait_for  # noqa: E402
+from support.kube import Kube, operator_cluster, quick_spec, wait_for  # noqa: E402
 
 
 def one_round(kube: Kube, ns: str, workers: int, i: int) -> tuple[float, float]:
@@ -59,19 +58,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=64, help="ranks of the large job (default 64)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each a fresh pair of jobs (default 3)")
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="gang-events-")
-    with ControlPlane(binaries_dir(build=True), log_dir=work) as cp:
-        install_crd(cp.kubeconfig)
-        kube = Kube(cp.kubeconfig)
-        for name in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
-            kube.apply_file(os.path.join(REPO, "manifests", "base", name))
-        op = OperatorProcess(cp.token_kubeconfig("netsense-operator", "netsense-system"),
-                             os.path.join(work, "operator.log"), env={"NETSENSE_RECONCILE_INTERVAL": "60"}).start()
-        try:
-            ns = kube.namespace("gang-events")
-            results = [one_round(kube, ns, args.workers, i) for i in range(args.rounds)]
-        finally:
-            op.stop()
+    with operator_cluster(tempfile.mkdtemp(prefix="gang-events-"), interval="60", nodes=True) as (kube, _):
+        ns = kube.namespace("gang-events")
+        results = [one_round(kube, ns, args.workers, i) for i in range(args.rounds)]
     running = [r[0] for r in results]
     small = [r[1] for r in results]
     print(f"{args.workers} ranks, {args.rounds} rounds: last pod Running -> status Running "

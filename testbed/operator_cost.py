@@ -21,8 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from support.envtest import ControlPlane, binaries_dir, install_crd  # noqa: E402
-from support.kube import REPO, Kube, OperatorProcess, quick_spec, wait_for  # noqa: E402
+from support.kube import Kube, operator_cluster, quick_spec, wait_for  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -50,55 +49,44 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=60, help="seconds measured in steady state (default 60)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="operator-cost-")
-    with ControlPlane(binaries_dir(build=True), log_dir=work) as cp:
-        install_crd(cp.kubeconfig)
-        kube = Kube(cp.kubeconfig)
-        for name in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
-            kube.apply_file(os.path.join(REPO, "manifests", "base", name))
-        op = OperatorProcess(cp.token_kubeconfig("netsense-operator", "netsense-system"),
-                             os.path.join(work, "operator.log"),
-                             env={"NETSENSE_RECONCILE_INTERVAL": os.environ.get("NETSENSE_RECONCILE_INTERVAL", "10")})
-        op.start()
-        try:
-            ns = kube.namespace("cost")
-            t0 = time.monotonic()
-            pending = [f"pending-{i}" for i in range(args.pending)]
-            running = [f"running-{i}" for i in range(args.running)]
-            for name in pending:
-                kube.create_job(ns, name, quick_spec(workers=args.pods))
-            for name in running:
-                kube.create_job(ns, name, quick_spec())
-            print(f"created {len(pending) + len(running)} jobs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            want = len(pending) * args.pods + 2 * len(running)
-            wait_for(lambda: len(kube.core.list_namespaced_pod(ns).items) >= want, timeout=3600, interval=5,
-                     what=f"{want} pods")
-            print(f"{want} pods after {time.monotonic() - t0:.0f} s", file=sys.stderr)
-            for name in running:
-                for pod in kube.pods(ns, name, 0):
-                    kube.set_pod_phase(ns, pod.metadata.name, "Running")
-            wait_for(lambda: started(kube, ns, running, "Running") == len(running), timeout=600, interval=5,
-                     what="the Running jobs")
-            wait_for(lambda: started(kube, ns, pending, "Pending") == len(pending), timeout=600, interval=5,
-                     what="the Pending jobs")
-            time.sleep(30)  # the echoes of the last writes
-            print(f"steady after {time.monotonic() - t0:.0f} s; measuring {args.window:.0f} s", file=sys.stderr)
-            before, cpu0 = kube.request_counts(), cpu_seconds(op.proc.pid)
-            time.sleep(args.window)
-            after, cpu1 = kube.request_counts(), cpu_seconds(op.proc.pid)
-            rates = {k: (n - before.get(k, 0)) / args.window for k, n in after.items() if n > before.get(k, 0)}
-            steady = {k: v for k, v in rates.items() if k[0] != "WATCH" and k[1] != "leases"}
-            total = sum(steady.values())
-            print(f"# Operator cost: {len(pending)} Pending jobs ({args.pods} pods each), {len(running)} Running "
-                  f"(2 pods each), {want} pods; timer {op.env['NETSENSE_RECONCILE_INTERVAL']} s, window "
-                  f"{args.window:.0f} s\n")
-            print("| verb | resource | requests/s |\n|---|---|---:|")
-            for (verb, res, sub), n in sorted(rates.items(), key=lambda kv: -kv[1]):
-                print(f"| {verb} | {res}{'/' + sub if sub else ''} | {n:.3f} |")
-            print(f"\nsteady requests (no watches, no Lease): {total:.2f}/s = {total / max(1, len(running)):.3f} "
-                  f"a Running job; operator CPU {100 * (cpu1 - cpu0) / args.window:.0f}% of a core, RSS "
-                  f"{rss_mib(op.proc.pid):.0f} MiB")
-        finally:
-            op.stop()
+    with operator_cluster(work, interval=os.environ.get("NETSENSE_RECONCILE_INTERVAL", "10")) as (kube, op):
+        ns = kube.namespace("cost")
+        t0 = time.monotonic()
+        pending = [f"pending-{i}" for i in range(args.pending)]
+        running = [f"running-{i}" for i in range(args.running)]
+        for name in pending:
+            kube.create_job(ns, name, quick_spec(workers=args.pods))
+        for name in running:
+            kube.create_job(ns, name, quick_spec())
+        print(f"created {len(pending) + len(running)} jobs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        want = len(pending) * args.pods + 2 * len(running)
+        wait_for(lambda: len(kube.core.list_namespaced_pod(ns).items) >= want, timeout=3600, interval=5,
+                 what=f"{want} pods")
+        print(f"{want} pods after {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        for name in running:
+            for pod in kube.pods(ns, name, 0):
+                kube.set_pod_phase(ns, pod.metadata.name, "Running")
+        wait_for(lambda: started(kube, ns, running, "Running") == len(running), timeout=600, interval=5,
+                 what="the Running jobs")
+        wait_for(lambda: started(kube, ns, pending, "Pending") == len(pending), timeout=600, interval=5,
+                 what="the Pending jobs")
+        time.sleep(30)  # the echoes of the last writes
+        print(f"steady after {time.monotonic() - t0:.0f} s; measuring {args.window:.0f} s", file=sys.stderr)
+        before, cpu0 = kube.request_counts(), cpu_seconds(op.proc.pid)
+        time.sleep(args.window)
+        after, cpu1 = kube.request_counts(), cpu_seconds(op.proc.pid)
+        rates = {k: (n - before.get(k, 0)) / args.window for k, n in after.items() if n > before.get(k, 0)}
+        steady = {k: v for k, v in rates.items() if k[0] != "WATCH" and k[1] != "leases"}
+        total = sum(steady.values())
+        print(f"# Operator cost: {len(pending)} Pending jobs ({args.pods} pods each), {len(running)} Running "
+              f"(2 pods each), {want} pods; timer {op.env['NETSENSE_RECONCILE_INTERVAL']} s, window "
+              f"{args.window:.0f} s\n")
+        print("| verb | resource | requests/s |\n|---|---|---:|")
+        for (verb, res, sub), n in sorted(rates.items(), key=lambda kv: -kv[1]):
+            print(f"| {verb} | {res}{'/' + sub if sub else ''} | {n:.3f} |")
+        print(f"\nsteady requests (no watches, no Lease): {total:.2f}/s = {total / max(1, len(running)):.3f} "
+              f"a Running job; operator CPU {100 * (cpu1 - cpu0) / args.window:.0f}% of a core, RSS "
+              f"{rss_mib(op.proc.pid):.0f} MiB")
 
 
 if __name__ == "__main__":

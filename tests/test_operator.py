@@ -520,7 +520,7 @@ def test_fifty_jobs_at_once_all_get_pods_and_a_phase_within_60s_and_quiet_jobs_c
 
 
 def test_the_status_shows_the_first_profile_step_until_training_starts():
-    from netsense_operator.handlers import _network_status
+    from netsense_operator.reconciler import _network_status
     from netsense_operator.status import last_progress
 
     from netsense.shaping.profiles import build_profile

@@ -128,7 +128,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
                                   f"{job.workers} worker pod(s) and the rendezvous service created")
     try:
         gangs.create_shared(job, namespace, uid)
-        reconciler.shared_made[uid] = (0, time.monotonic())
+        reconciler.made_shared(uid, 0)
         gangs.create_gang(job, namespace, uid, 0)
         kopf.event(body, type="Normal", reason="GangCreated",
                    message=f"{job.workers} worker pod(s) and the rendezvous service")
@@ -203,7 +203,7 @@ def _one_pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Pat
             version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
             if api.patch_status(name, namespace, {"status": dict(written)}, version, status) and \
                     ("phase" in written or "attempt" in written):
-                reconciler.written[uid] = api.phase_and_attempt({**status, **written})
+                reconciler.wrote(uid, {**status, **written})
     finally:
         METRICS.reconciled(time.perf_counter() - start)
         METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))

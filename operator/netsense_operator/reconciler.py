@@ -403,3 +403,14 @@ def forget(uid: str) -> None:
         memo.pop(uid, None)
     for key in [k for k in _parsed if k[0] == uid]:
         _parsed.pop(key, None)
+
+
+def made_shared(uid: str, attempt: int) -> None:
+    """The job's ConfigMap and Service were made for ``attempt`` just now (by the create handler)."""
+    _shared_made[uid] = (attempt, time.monotonic())
+
+
+def wrote(uid: str, status: dict) -> None:
+    """The API server took this operator's write of the job's phase or attempt (``status``: as written): until
+    the watch shows it, no pass decides on an older view (_behind)."""
+    _written[uid] = api.phase_and_attempt(status)

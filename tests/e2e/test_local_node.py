@@ -517,27 +517,46 @@ def _job_doc(name: str, ns: str, **spec) -> dict:
     return job
 
 
-def _reasons_seen(kubectl, ns: str, name: str, seen: set) -> bool:
-    """Record the PodsReady reasons of a job as it goes; True once it has ended."""
-    status = _get(kubectl, "-n", ns, "nsj", name).get("status") or {}
-    seen.update(c.get("reason") for c in status.get("conditions") or [] if c["type"] == "PodsReady")
-    return status.get("phase") in ("Succeeded", "Failed")
+def _trainer_times(kubectl, ns: str, name: str) -> list[tuple[str, str]]:
+    """(startedAt, finishedAt) of each of the job's trainers (RFC 3339 UTC: compared as text)."""
+    out = []
+    for pod in _get(kubectl, "-n", ns, "pods", "-l", f"{LABEL_JOB}={name}")["items"]:
+        for c in pod["status"].get("containerStatuses") or []:
+            ended = (c.get("state") or {}).get("terminated") or {}
+            if c["name"] == "trainer" and ended:
+                out.append((ended["startedAt"], ended["finishedAt"]))
+    return out
 
 
 def _run_two(kubectl, tmp_path, ns: str, jobs: list[dict], waiting_reason: str) -> None:
-    """Apply both jobs; the second waits (``waiting_reason``) while the first runs; both end Succeeded, nothing
-    counted against either (no restart, no disruption)."""
+    """Apply both jobs at once; the second waits (``waiting_reason``) while the first runs: no trainer of the
+    second starts before every trainer of the first has ended. Both end Succeeded, nothing counted against either
+    (no restart, no disruption)."""
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
     (tmp_path / f"{ns}.yaml").write_text(yaml.safe_dump_all([namespace, *jobs]))
     kubectl("apply", "-f", str(tmp_path / f"{ns}.yaml"))
-    first, second = (j["metadata"]["name"] for j in jobs)
-    reasons: set = set()
-    _wait(f"{second} to wait", lambda: _reasons_seen(kubectl, ns, second, reasons) or waiting_reason in reasons, 300)
-    assert waiting_reason in reasons, reasons
-    for name in (first, second):
+    names = [j["metadata"]["name"] for j in jobs]
+    reasons: dict[str, set] = {n: set() for n in names}
+
+    def both_ended() -> bool:
+        ended = True
+        for name in names:
+            status = _get(kubectl, "-n", ns, "nsj", name).get("status") or {}
+            reasons[name].update(c.get("reason") for c in status.get("conditions") or [] if c["type"] == "PodsReady")
+            ended &= status.get("phase") in ("Succeeded", "Failed")
+        return ended
+
+    _wait("both jobs to end", both_ended, 900, every=0.5)
+    print(f"\nE2E {ns}: PodsReady reasons seen: {reasons}")
+    for name in names:
         workers = next(j for j in jobs if j["metadata"]["name"] == name)["spec"]["workers"]
-        status = _finish_without_duplicates(kubectl, name, ns, timeout=900, workers=workers)
+        status = _finish_without_duplicates(kubectl, name, ns, timeout=60, workers=workers)
         assert status["restarts"] == 0 and status["disruptions"] == 0, status
+    first, second = sorted(names, key=lambda n: min(t[0] for t in _trainer_times(kubectl, ns, n)))
+    first_end = max(t[1] for t in _trainer_times(kubectl, ns, first))
+    second_start = min(t[0] for t in _trainer_times(kubectl, ns, second))
+    assert second_start >= first_end, f"{second} started at {second_start}, before {first} ended at {first_end}"
+    assert waiting_reason in reasons[second], f"{second} waited without saying why: {reasons}"
 
 
 def test_two_gangs_that_cannot_both_fit_the_node_run_one_after_the_other(operator, tmp_path):

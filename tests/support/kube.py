@@ -3,6 +3,7 @@ process, and a stand-in kubelet that moves pods through their phases."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -195,3 +196,27 @@ class OperatorProcess:
     def log(self) -> str:
         with open(self.log_path) as fh:
             return fh.read()
+
+
+@contextlib.contextmanager
+def operator_cluster(work: str, interval: str = "10", nodes: bool = False):
+    """For the testbed's measurements: etcd + kube-apiserver (envtest) with the CRD and the operator as installed
+    (manifests/base: its RBAC, fenced by the admission policy), the operator running with its timer at
+    ``interval`` seconds; ``nodes``: a node with room for every gang (else no gang is ever admitted). Yields
+    (Kube, OperatorProcess); logs under ``work``."""
+    from support.envtest import ControlPlane, binaries_dir, install_crd
+
+    with ControlPlane(binaries_dir(build=True), log_dir=work) as cp:
+        install_crd(cp.kubeconfig)
+        kube = Kube(cp.kubeconfig)
+        for name in ("namespace.yaml", "rbac.yaml", "admission-policy.yaml"):
+            kube.apply_file(os.path.join(REPO, "manifests", "base", name))
+        if nodes:
+            kube.roomy_node()
+        op = OperatorProcess(cp.token_kubeconfig("netsense-operator", "netsense-system"),
+                             os.path.join(work, "operator.log"), env={"NETSENSE_RECONCILE_INTERVAL": interval})
+        op.start()
+        try:
+            yield kube, op
+        finally:
+            op.stop()
