@@ -195,12 +195,13 @@ def test_the_operator_against_a_cluster_without_the_lease_namespace_exits_with_o
 
 
 @pytest.mark.apiserver
-def test_a_waiting_replica_answers_its_liveness_probe(operator, operator_kubeconfig, tmp_path):
+def test_a_waiting_replica_answers_its_liveness_probe(kube, operator, operator_kubeconfig, tmp_path):
     """The session's operator leads; a second one waits, and its liveness endpoint says it is alive (a probe
     that failed while it waited had the kubelet kill it over and over)."""
     from support.kube import OperatorProcess, wait_for
     from support.net import free_port
 
+    operator.wait_leading(kube)  # an operator started a moment ago may not lead yet
     port = free_port()
     second = OperatorProcess(operator_kubeconfig, str(tmp_path / "second.log"),
                              args=("--liveness", f"http://127.0.0.1:{port}/healthz")).start()
@@ -217,3 +218,13 @@ def test_a_waiting_replica_answers_its_liveness_probe(operator, operator_kubecon
         assert "leading as" not in second.log()
     finally:
         second.stop()
+
+
+def test_a_restarted_process_with_the_same_host_and_pid_is_another_holder():
+    """A container restarted after a crash keeps its host name and pid 1: were that its identity, it would take
+    the Lease back at once, ahead of the replica that waited its turn."""
+    here = leader.process_identity()
+    code = "from netsense_operator.leader import process_identity; print(process_identity())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert here != other and here.split("-")[0] == other.split("-")[0]
+    assert here.rsplit("-", 1)[0].endswith(str(os.getpid()))

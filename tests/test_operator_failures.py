@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 
 import pytest
@@ -193,8 +192,7 @@ class LogSince:
 
 
 def identity(op: OperatorProcess) -> str:
-    """The identity the operator's LeaseElector takes: the host and the pid of that very process."""
-    return f"{socket.gethostname()}-{op.proc.pid}"
+    return op.identity()
 
 
 def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles_once_it_stops(

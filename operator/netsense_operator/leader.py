@@ -32,6 +32,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from kubernetes import client
@@ -52,6 +53,19 @@ def acting() -> bool:
     """Whether this process may act now: it holds the Lease, by its own clock, since its last renewal was sent
     less than RENEW_DEADLINE_S ago (or it runs without an election)."""
     return _elector is None or _elector.holds()
+
+
+def process_identity() -> str:
+    """This process, unlike any other that ever held the Lease: host, pid and start time. A container restarted
+    after a crash keeps its host name and pid (1), and with the same identity it would take the Lease back at
+    once as if it had never gone, ahead of the replica that waited its turn. The start time (clock ticks since
+    boot, /proc/self/stat) tells the two apart; a random word where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as fh:
+            started = fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = uuid.uuid4().hex[:8]
+    return f"{socket.gethostname()}-{os.getpid()}-{started}"
 
 
 def _now() -> datetime.datetime:
@@ -77,7 +91,7 @@ class LeaseElector:
     def __init__(self, namespace: str, name: str = "netsense-operator", identity: str | None = None,
                  api: client.CoordinationV1Api | None = None, clock: Callable[[], float] = time.monotonic):
         self.namespace, self.name = namespace, name
-        self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.identity = identity or process_identity()
         self.api = api or client.CoordinationV1Api()
         self.clock = clock
         self._stop = threading.Event()

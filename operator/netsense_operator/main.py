@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 
 STOP_S = 10
@@ -39,6 +38,8 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
             if standby is not None:
                 standby.shutdown()
                 standby.server_close()
+    from netsense_operator.leader import process_identity
+
     # kopf runs in a thread of its own and this thread owns the signals: on SIGTERM the lease is handed back
     # at once and the process is gone within STOP_S, where kopf's own shutdown could hang on an open watch
     # for minutes (a successor would wait for the lease to lapse meanwhile).
@@ -54,7 +55,7 @@ def run_operator(namespaces: list[str] | None = None, liveness: str | None = Non
         elector.keep(on_lost)
     # An explicit identity: kopf's own guess asks the passwd database for our user, and an image's
     # non-root UID (65532) has no entry there (KeyError, and kopf's thread is gone).
-    identity = elector.identity if elector else f"{socket.gethostname()}-{os.getpid()}"
+    identity = elector.identity if elector else process_identity()
     os.environ["NETSENSE_NAMESPACES"] = ",".join(namespaces or ())  # where the handlers' resync lists pods
     operator = threading.Thread(target=kopf.run, name="kopf", daemon=True, kwargs={
         "clusterwide": not namespaces, "namespaces": namespaces or (), "standalone": True,

@@ -325,7 +325,7 @@ def test_faults_while_running(operator, tmp_path):
 def _measuring_pods(name: str, profile: dict):
     """(job, its ConfigMap, pod(rank, script)): pods built as the operator builds a rank's (the shaper sidecar, the
     profile in the ConfigMap), the trainer's command replaced by ``script``; no owner (the garbage collector would
-    take them) and none of the operator's labels."""
+    take them), none of the operator's labels and no gang gate."""
     from netsense_operator import resources
 
     from netsense.spec.job import parse_job
@@ -342,6 +342,7 @@ def _measuring_pods(name: str, profile: dict):
         p = resources.worker_pod(job, "default", f"uid-{name}", rank, 0, shaper_image=SHAPER)
         p["metadata"].pop("ownerReferences")
         p["metadata"]["labels"] = {"app": "shape-measure"}
+        p["spec"].pop("schedulingGates")  # no job, so no operator admits them: scheduled at once
         trainer = next(c for c in p["spec"]["containers"] if c["name"] == "trainer")
         trainer["command"] = ["sh", "-c", script]
         return p

@@ -197,6 +197,30 @@ class OperatorProcess:
         with open(self.log_path) as fh:
             return fh.read()
 
+    def identity(self) -> str:
+        """The identity its LeaseElector takes: the host, the pid and the start time of this very process
+        (netsense_operator.leader.process_identity)."""
+        import socket
+
+        with open(f"/proc/{self.proc.pid}/stat") as fh:
+            started = fh.read().rsplit(")", 1)[1].split()[19]
+        return f"{socket.gethostname()}-{self.proc.pid}-{started}"
+
+    def wait_leading(self, kube: Kube, timeout: float = 30) -> None:
+        """Until this process holds the operator's Lease (netsense-system/netsense-operator)."""
+        from kubernetes.client import CoordinationV1Api
+
+        leases = CoordinationV1Api(kube.api)
+
+        def holder() -> str:
+            try:
+                return leases.read_namespaced_lease("netsense-operator", "netsense-system").spec.holder_identity or ""
+            except client.ApiException as e:
+                if e.status == 404:
+                    return ""
+                raise
+        wait_for(lambda: holder() == self.identity(), timeout=timeout, what="the operator holding the Lease")
+
 
 @contextlib.contextmanager
 def operator_cluster(work: str, interval: str = "10", nodes: bool = False):
