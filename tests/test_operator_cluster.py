@@ -83,26 +83,13 @@ def test_disruptions_are_capped_by_max_disruptions(kube, ns, operator):
     assert said.count("Disrupted") == 1 and "DisruptionLimitExceeded" in said
 
 
-def _node(kube, name: str, ready: str, since_s_ago: float, taints: list[dict] | None = None) -> None:
-    """A Node as its controller would show it: Ready (or not) since ``since_s_ago`` seconds (the fake clock)."""
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - since_s_ago))
-    try:
-        kube.core.create_node({"metadata": {"name": name}})
-    except Exception:  # noqa: BLE001 - made by an earlier call
-        pass
-    kube.core.patch_node(name, {"spec": {"taints": taints}})
-    kube.core.patch_node_status(name, {"status": {"conditions": [
-        {"type": "Ready", "status": ready, "reason": "KubeletReady" if ready == "True" else "NodeStatusUnknown",
-         "message": "", "lastTransitionTime": when, "lastHeartbeatTime": when}]}})
-
-
 def test_a_rank_on_a_lost_node_restarts_the_gang_as_a_disruption_and_its_pods_go_at_once(kube, ns, operator):
     """The node dies: its pods keep phase Running (the node controller only marks them not Ready), and a pod deleted
     there would stay Terminating for good (no kubelet confirms). After lostNodeSeconds the gang restarts as a
     disruption, the old pods are deleted at once (grace 0), and the new gang is made; a node down for less is
     waited for."""
     name = f"lost-{ns}"
-    _node(kube, name, "True", 0)
+    kube.node(name)
     try:
         kube.create_job(ns, "stranded", quick_spec(runPolicy={"backoffLimit": 0, "lostNodeSeconds": 30}))
         pods = wait_for(lambda: len(kube.pods(ns, "stranded")) == 2 and kube.pods(ns, "stranded"), what="pods")
@@ -111,13 +98,13 @@ def test_a_rank_on_a_lost_node_restarts_the_gang_as_a_disruption_and_its_pods_go
         running(kube, ns, "stranded", 0)
         unreachable = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
                        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
-        _node(kube, name, "Unknown", 5, unreachable)  # down, but for less than lostNodeSeconds
+        kube.node(name, ready="Unknown", since_s_ago=5, taints=unreachable)  # down, less than lostNodeSeconds
         for pod in pods:
             kube.core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {"conditions": [
                 {"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}})
         time.sleep(4)
         assert kube.status(ns, "stranded")["attempt"] == 0, "a node down for 5 s of 30 counted as lost"
-        _node(kube, name, "Unknown", 40, unreachable)  # the same outage, 35 s later
+        kube.node(name, ready="Unknown", since_s_ago=40, taints=unreachable)  # the same outage, 35 s later
         st = wait_for(lambda: (s := kube.status(ns, "stranded")).get("attempt") == 1 and s, timeout=30,
                       what="the gang restarted")
         assert st["disruptions"] == 1 and st["restarts"] == 0

@@ -191,10 +191,6 @@ class LogSince:
             return fh.read().decode(errors="replace")
 
 
-def identity(op: OperatorProcess) -> str:
-    return op.identity()
-
-
 def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles_once_it_stops(
         kube, ns, operator, operator_kubeconfig, tmp_path):
     leases = client.CoordinationV1Api(kube.api)
@@ -209,7 +205,7 @@ def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles
 
     # The session's operator leads now: this process holds the Lease (its log may hold "leading as" from an
     # earlier start of another process).
-    wait_for(lambda: holder() == identity(operator), timeout=20, what="the session's operator holding the Lease")
+    operator.wait_leading(kube, timeout=20)
     path = str(tmp_path / "second.log")
     with open(path, "w") as fh:  # as a reused log would: a line from another process that the test must not read
         fh.write("netsense.leader leading as someone-earlier (lease netsense-system/netsense-operator)\n")
@@ -218,14 +214,14 @@ def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles
     try:
         wait_for(lambda: "holds the lease" in log.text(), what="the second operator waiting for the Lease")
         assert "leading as" not in log.text(), "the second operator said it leads while the first held the Lease"
-        assert holder() == identity(operator)
+        assert holder() == operator.identity()
         operator.stop()
         assert operator.proc.poll() is not None
         # A clean stop hands the Lease back, so the second leads at its next try (every 2.5 s), well before a
         # Lease that is not handed back would lapse: 15 s after its last renewal, at most 5 s before the stop.
-        wait_for(lambda: f"leading as {identity(second)}" in log.text(), timeout=8,
+        wait_for(lambda: f"leading as {second.identity()}" in log.text(), timeout=8,
                  what="the second operator leading")
-        assert holder() == identity(second)
+        assert holder() == second.identity()
         # Created after the hand-over, with no other operator running: the second builds and reconciles it.
         kube.create_job(ns, "successor", quick_spec())
         pods = wait_for(lambda: len(kube.pods(ns, "successor")) == 2 and kube.pods(ns, "successor"),
@@ -238,7 +234,7 @@ def test_a_second_operator_waits_while_the_first_leads_then_leads_and_reconciles
         second.stop()
         operator.start()
     assert second.proc.returncode == 0
-    wait_for(lambda: holder() == identity(operator), timeout=20, what="the session's operator leading again")
+    operator.wait_leading(kube, timeout=20)  # the session's operator leading again
 
 
 @pytest.mark.parametrize("message, reason", [

@@ -102,7 +102,7 @@ def test_a_gangs_demand_is_what_the_quota_admission_would_count_for_the_pods_the
     pods = [res.worker_pod(job, "ns", "uid", r, 0) for r in range(job.workers)]
     need = quota.demand(pods)
     assert need["pods"] == need["count/pods"] == 4
-    assert need["requests.cpu"] == need["cpu"] == 4 * (1 + quota._quantity("10m"))
+    assert need["requests.cpu"] == need["cpu"] == 4 * (1 + quota.quantity("10m"))
     assert need["requests.nvidia.com/gpu"] == need["limits.nvidia.com/gpu"] == 4
     assert need["limits.memory"] == 4 * (2 * 2**30 + 256 * 2**20)
     assert "nvidia.com/gpu" not in need  # an extended resource is quota'd by requests.<name> only

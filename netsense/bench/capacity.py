@@ -30,16 +30,16 @@ class Room:
 
 def _operator():
     try:
-        from netsense_operator import quota, resources
+        from netsense_operator import gate, quota, resources
     except ImportError as e:
         raise SystemExit(f"netsense bench --cluster: sizing cells needs the operator's distribution "
                          f"(pip install . ./operator): {e}") from e
-    return quota, resources
+    return gate, quota, resources
 
 
 def cell_requests(job: Job) -> Resources:
     """What one cell's pods request in all, by resource, as the operator would build them."""
-    quota, resources = _operator()
+    _, quota, resources = _operator()
     total: Resources = {}
     for rank in range(job.workers):
         for name, value in quota.pod_use(resources.worker_pod(job, "bench", "cell", rank, 0)).items():
@@ -58,29 +58,29 @@ def largest(cells: list[Resources]) -> Resources:
 
 def cluster_room(core=None) -> Room:
     """Free allocatable of every resource on the Ready, schedulable nodes (allocatable alone where pods cannot be
-    listed); ``core``: a CoreV1Api (default: the current kubeconfig's)."""
+    listed): the operator's gang admission's room by node (gate.node_room), summed; ``core``: a CoreV1Api
+    (default: the current kubeconfig's)."""
     from kubernetes import client
-    from kubernetes.utils import parse_quantity
 
-    quota, _ = _operator()
+    gate, _, _ = _operator()
     core = core or client.CoreV1Api()
-    nodes = [n for n in core.list_node().items if not n.spec.unschedulable and any(
-        c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
-    names = {n.metadata.name for n in nodes}
-    free: Resources = {}
-    for n in nodes:
-        for name, value in (n.status.allocatable or {}).items():
-            free[name] = free.get(name, Decimal(0)) + parse_quantity(value)
+    serialize = core.api_client.sanitize_for_serialization
+    nodes = serialize(core.list_node().items)
     try:
-        pods = core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+        pods = serialize(core.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed").items)
+        note = None
     except client.ApiException as e:
-        return Room(free, f"{len(nodes)} Ready node(s)' allocatable (pods not listable: {e.status} {e.reason})")
-    on_nodes = [p for p in pods if p.spec.node_name in names]
-    for p in on_nodes:
-        for name, value in quota.pod_use(core.api_client.sanitize_for_serialization(p)).items():
-            free[name] = free.get(name, Decimal(0)) - value
-    return Room({k: max(v, Decimal(0)) for k, v in free.items()},
-                f"{len(nodes)} Ready node(s), less what their {len(on_nodes)} pods request")
+        pods, note = [], f"pods not listable: {e.status} {e.reason}"
+    room = gate.node_room(nodes, pods)
+    free: Resources = {}
+    for node in room.values():
+        for name, value in node.items():
+            free[name] = free.get(name, Decimal(0)) + value
+    free = {k: max(v, Decimal(0)) for k, v in free.items()} if note is None else free
+    on_nodes = sum(1 for p in pods if (p.get("spec") or {}).get("nodeName") in room)
+    return Room(free, f"{len(room)} Ready node(s)' allocatable ({note})" if note else
+                f"{len(room)} Ready node(s), less what their {on_nodes} pods request")
 
 
 def cells_that_fit(room: Room, cell: Resources, cells: int) -> int:
@@ -91,12 +91,6 @@ def cells_that_fit(room: Room, cell: Resources, cells: int) -> int:
 
 
 def describe(resources: Resources) -> str:
-    """'2.02 cpu, 2.12 GiB memory, 1 nvidia.com/gpu' (memory-like resources in GiB)."""
-    parts = []
-    for name in sorted(resources, key=lambda n: (n not in ("cpu", "memory"), n)):
-        value = Decimal(resources[name])
-        if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
-            parts.append(f"{value / 2**30:.2f} GiB {name}")
-        else:
-            parts.append(f"{value.normalize():f} {name}" if value == value.to_integral() else f"{value:.2f} {name}")
-    return ", ".join(parts) or "nothing"
+    """'2.02 cpu, 2.12 GiB memory, 1 nvidia.com/gpu' (the operator's wording: quota.describe)."""
+    _, quota, _ = _operator()
+    return quota.describe(resources)

@@ -2,7 +2,6 @@
 refusals said plainly), reading nodes and jobs, and writing a job's status so that it never regresses a newer
 phase or attempt."""
 
-
 from __future__ import annotations
 
 import json
@@ -113,11 +112,11 @@ def create(kind: str, body: dict, namespace: str, uid: str) -> None:
     same name (deleted, its objects not yet collected) is deleted and created again on a later pass; one that
     is not a NetSenseJob's at all, or a refusal by admission, is Refused."""
     name = body["metadata"]["name"]
-    create, read, _ = _calls(kind)
+    make, read, _ = _calls(kind)
     try:
         # The answer is not read into the client's models: nothing here uses it, and at 10,000 pods parsing each
         # one costs more CPU than the request.
-        answer = create(namespace, body, _preload_content=False)
+        answer = make(namespace, body, _preload_content=False)
         answer.drain_conn()  # read to its end, so that the connection goes back to the pool
         answer.release_conn()
         return

@@ -2,7 +2,6 @@
 rules, the namespace's quotas), admitted to the nodes together (gate.py), deleted by attempt (at once on a lost
 node)."""
 
-
 from __future__ import annotations
 
 import logging

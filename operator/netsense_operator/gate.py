@@ -17,16 +17,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from netsense_operator.quota import pod_use
+from netsense_operator.quota import describe, pod_use, quantity
 
 GATE = "netsense.dev/gang"
 Resources = dict[str, Decimal]
-
-
-def _quantity(value) -> Decimal:
-    from kubernetes.utils import parse_quantity
-
-    return parse_quantity(value)
 
 
 def _ready(node: dict) -> bool:
@@ -39,7 +33,7 @@ def _ready(node: dict) -> bool:
 def node_room(nodes: list[dict], pods: list[dict]) -> dict[str, Resources]:
     """Free room by Ready, schedulable node: allocatable (``pods`` too) less what the non-terminal pods bound to it
     request."""
-    room = {n["metadata"]["name"]: {k: _quantity(v) for k, v in ((n.get("status") or {}).get("allocatable")
+    room = {n["metadata"]["name"]: {k: quantity(v) for k, v in ((n.get("status") or {}).get("allocatable")
                                                                or {}).items()}
             for n in nodes if _ready(n)}
     for p in pods:
@@ -88,8 +82,8 @@ def _place(nodes: list[dict], free: dict[str, Resources], pods: list[dict]) -> s
                  and all(r.get(k, Decimal(0)) >= v for k, v in need.items() if v)]
         if not hosts:
             best = max(free.values(), key=lambda r: r.get("cpu", Decimal(0)), default=None)
-            return (f"a pod needs {_text(need)}, and no Ready node that may host it has that free (the most free: "
-                    f"{_text({k: best.get(k, Decimal(0)) for k in need}) if best is not None else 'no Ready node'})")
+            return (f"a pod needs {describe(need)}, and no Ready node that may host it has that free (the most free: "
+                    f"{describe({k: best.get(k, Decimal(0)) for k in need}) if best is not None else 'no Ready node'})")
         host = max(hosts, key=lambda name: free[name].get("cpu", Decimal(0)))
         for k, v in need.items():
             free[host][k] = free[host].get(k, Decimal(0)) - v
@@ -110,14 +104,3 @@ def reserve(nodes: list[dict], room: dict[str, Resources], pods: list[dict]) -> 
 
 def gated(pod: dict) -> bool:
     return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
-
-
-def _text(resources: Resources) -> str:
-    parts = []
-    for name in sorted(resources, key=lambda n: (n not in ("cpu", "memory"), n)):
-        value = resources[name]
-        if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
-            parts.append(f"{value / 2**30:.2f}Gi {name}")
-        else:
-            parts.append(f"{value.normalize():f} {name}")
-    return ", ".join(parts)

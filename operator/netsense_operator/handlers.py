@@ -209,7 +209,8 @@ def _one_pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Pat
         METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=reconciler.RECONCILE_INTERVAL, sharp=False, backoff=5, when=reconciler.needs_reconcile)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=reconciler.RECONCILE_INTERVAL, sharp=False, backoff=5,
+            when=reconciler.needs_reconcile)
 def reconcile(**kwargs) -> None:
     _pass(**kwargs)
 

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from netsense_operator import status as st
 
 NODE_CACHE_S = 5.0
-
-
 GONE = 0.0  # "not Ready since" of a node that no longer exists: lost at once
 
 

@@ -1,7 +1,6 @@
 """The jobs' pods as the watch shows them (kopf's index), less those a periodic LIST found gone: a watch that
 expires is listed again by kopf without a DELETED for what vanished meanwhile."""
 
-
 from __future__ import annotations
 
 import functools

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 
 
-def _quantity(value) -> Decimal:
+def quantity(value) -> Decimal:
     from kubernetes.utils import parse_quantity
 
     return parse_quantity(value)
@@ -28,7 +28,7 @@ def _container(c: dict, kind: str) -> dict[str, Decimal]:
     resources = c.get("resources") or {}
     values = dict(resources.get("limits") or {}) if kind == "requests" else {}
     values.update(resources.get(kind) or {})  # a request defaults to the limit where only the limit is set
-    return {name: _quantity(v) for name, v in values.items()}
+    return {name: quantity(v) for name, v in values.items()}
 
 
 def _add(total: dict[str, Decimal], more: dict[str, Decimal]) -> None:
@@ -94,7 +94,7 @@ def shortfall(quotas: list[dict], needed: dict[str, Decimal]) -> str | None:
         for resource, limit in sorted(hard.items()):
             if resource not in needed:
                 continue
-            free = _quantity(limit) - _quantity(used.get(resource, 0))
+            free = quantity(limit) - quantity(used.get(resource, 0))
             if needed[resource] > free:
                 return (f"ResourceQuota {name}: the gang needs {_text(needed[resource])} {resource}, "
                         f"{_text(max(free, Decimal(0)))} of {limit} free")
@@ -103,3 +103,15 @@ def shortfall(quotas: list[dict], needed: dict[str, Decimal]) -> str | None:
 
 def _text(value: Decimal) -> str:
     return format(value.normalize(), "f")
+
+
+def describe(resources: dict[str, Decimal]) -> str:
+    """'2.02 cpu, 2.12 GiB memory, 1 nvidia.com/gpu': cpu and memory first, memory-like resources in GiB."""
+    parts = []
+    for name in sorted(resources, key=lambda n: (n not in ("cpu", "memory"), n)):
+        value = Decimal(resources[name])
+        if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
+            parts.append(f"{value / 2**30:.2f} GiB {name}")
+        else:
+            parts.append(f"{_text(value)} {name}" if value == value.to_integral() else f"{value:.2f} {name}")
+    return ", ".join(parts) or "nothing"

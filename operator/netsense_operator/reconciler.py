@@ -2,7 +2,6 @@
 next (make the gang, restart it, finish the job, suspend or resume it, keep its status), never on a view older
 than the operator's own last write."""
 
-
 from __future__ import annotations
 
 import copy

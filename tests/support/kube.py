@@ -101,19 +101,25 @@ class Kube:
         sel = f"netsense.dev/job={job}" + (f",netsense.dev/attempt={attempt}" if attempt is not None else "")
         return sorted(self.core.list_namespaced_pod(ns, label_selector=sel).items, key=lambda p: p.metadata.name)
 
-    def node(self, name: str, allocatable: dict[str, str], labels: dict[str, str] | None = None) -> None:
-        """A Ready node as a kubelet would report it (none runs here: nothing schedules onto it by itself)."""
+    def node(self, name: str, allocatable: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+             ready: str = "True", since_s_ago: float = 0, taints: list[dict] | None = None) -> None:
+        """A node as its kubelet and node controller would show it (none runs here: nothing schedules onto it by
+        itself): Ready (or ``ready``: "Unknown", "False") since ``since_s_ago`` seconds (a fake clock), with
+        ``taints``. Called again, it changes them. A Ready one has no not-ready taint (admission puts one on a new
+        node, and only the node controller, absent here, takes it off)."""
         try:
             self.core.create_node({"metadata": {"name": name, "labels": labels or {}}})
         except client.ApiException as e:
             if e.status != 409:
                 raise
-        # Ready: without the not-ready taint that admission (TaintNodesByCondition) puts on a new node and only
-        # the node controller, absent here, takes off.
-        self.core.patch_node(name, {"spec": {"taints": None}})
-        self.core.patch_node_status(name, {"status": {"allocatable": allocatable, "capacity": allocatable,
-                                                      "conditions": [{"type": "Ready", "status": "True",
-                                                                      "reason": "KubeletReady", "message": "ok"}]}})
+        self.core.patch_node(name, {"spec": {"taints": taints}})
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - since_s_ago))
+        status = {"conditions": [{"type": "Ready", "status": ready, "message": "",
+                                  "reason": "KubeletReady" if ready == "True" else "NodeStatusUnknown",
+                                  "lastTransitionTime": when, "lastHeartbeatTime": when}]}
+        if allocatable:
+            status.update(allocatable=allocatable, capacity=allocatable)
+        self.core.patch_node_status(name, {"status": status})
 
     def roomy_node(self) -> None:
         """A node with room for every test's gangs (the operator admits a gang only once it fits)."""
