@@ -363,6 +363,23 @@ def test_a_status_write_never_regresses_a_newer_phase_but_survives_other_changes
     assert kube.status(ns, "older")["reason"] == "Ours"
 
 
+def test_a_pass_whose_write_does_not_land_announces_nothing(kube, ns, operator, as_operator, monkeypatch):
+    """An event says a transition happened: a pass that decided one on an older view (here Resumed, on a job
+    finished meanwhile) writes nothing, so it posts nothing; the next pass decides again, from what is."""
+    import kopf
+    from netsense_operator import handlers
+
+    posted = []
+    monkeypatch.setattr(kopf, "event", lambda body, **event: posted.append(event))
+    seen, _ = _finished_behind_the_watch(kube, ns, "moved-on")
+    meta = seen["metadata"]
+    handlers._one_pass(meta["uid"], "moved-on", ns, dict(seen["status"]), kopf.Patch(),
+                       spec=dict(seen["spec"], suspend=False), body=kopf.Body(seen), logger=logging.getLogger("t"),
+                       pods_by_job={})
+    assert kube.status(ns, "moved-on")["phase"] == "Failed"
+    assert posted == [], f"announced a transition that was never written: {posted}"
+
+
 def test_a_pass_on_an_older_view_makes_no_gang(kube, ns, operator, as_operator):
     """The watch can lag the operator's own last write: a pass that still sees the job Pending after it was
     finished must not make its pods (they would run for nothing)."""

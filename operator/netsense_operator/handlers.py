@@ -197,13 +197,17 @@ def _one_pass(uid: str, name: str, namespace: str, status: dict, patch: kopf.Pat
     start = time.perf_counter()
     written = None
     try:
-        reconciler.reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
-        written = patch.pop("status", None)
-        if written:
-            version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
-            if api.patch_status(name, namespace, {"status": dict(written)}, version, status) and \
-                    ("phase" in written or "attempt" in written):
-                reconciler.wrote(uid, {**status, **written})
+        with reconciler.holding_events() as events:
+            reconciler.reconcile(uid=uid, name=name, namespace=namespace, status=status, patch=patch, **kwargs)
+            written = patch.pop("status", None)
+            landed = True
+            if written:
+                version = (kwargs["body"].get("metadata") or {}).get("resourceVersion")
+                landed = api.patch_status(name, namespace, {"status": dict(written)}, version, status)
+                if landed and ("phase" in written or "attempt" in written):
+                    reconciler.wrote(uid, {**status, **written})
+        for body, type_, reason, message in events if landed else ():  # once, for a transition that happened
+            kopf.event(body, type=type_, reason=reason, message=message)
     finally:
         METRICS.reconciled(time.perf_counter() - start)
         METRICS.job_phase(uid, (written or {}).get("phase") or status.get("phase"))

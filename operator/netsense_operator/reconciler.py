@@ -9,7 +9,10 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -30,10 +33,34 @@ RECONCILE_INTERVAL = float(os.environ.get("NETSENSE_RECONCILE_INTERVAL", "10"))
 PROGRESS_INTERVAL = float(os.environ.get("NETSENSE_PROGRESS_INTERVAL", "5"))
 
 
+_held = threading.local()  # the events of the pass this thread runs, until its status write lands
+
+
+def announce(body: kopf.Body, type: str, reason: str, message: str) -> None:
+    """An event on the job. Inside a pass it waits for the pass's status write: a write that does not land
+    (refused, or the job's phase moved on meanwhile) is decided again by the next pass, which would announce the
+    same transition a second time. Outside one (the create handler) it is posted now."""
+    held = getattr(_held, "events", None)
+    if held is None:
+        kopf.event(body, type=type, reason=reason, message=message)
+    else:
+        held.append((body, type, reason, message))
+
+
+@contextmanager
+def holding_events() -> Iterator[list[tuple]]:
+    """Hold the events announced in this block: the caller posts them once the pass's write has landed."""
+    _held.events = []
+    try:
+        yield _held.events
+    finally:
+        _held.events = None
+
+
 def fail_early(patch: kopf.Patch, body: kopf.Body, reason: str, message: str) -> None:
     patch.status.update(phase=st.FAILED, reason=reason, message=message, completionTime=st.now_iso(),
                         conditions=st.set_condition(None, "Failed", "True", reason, message))
-    kopf.event(body, type="Warning", reason=reason, message=message)
+    announce(body, type="Warning", reason=reason, message=message)
 
 
 def _update(patch: kopf.Patch, status: dict, **fields) -> None:
@@ -185,7 +212,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                             conditions=st.set_condition(
                                 st.set_condition(conditions, "Running", "False", reason, message),
                                 final_phase, "True", reason, message))
-        kopf.event(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
+        announce(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
         METRICS.ended(final_phase, reason)
 
     missing = [r for r in range(job.workers) if r not in by_rank]
@@ -210,7 +237,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         msg = (f"rank {rank} was disrupted: {disrupted[rank]}; restarting the gang (not counted against "
                f"backoffLimit; disruption {disruptions + 1}/{most})")
         logger.warning(msg)
-        kopf.event(body, type="Warning", reason="Disrupted", message=msg)
+        announce(body, type="Warning", reason="Disrupted", message=msg)
         METRICS.restarted()
         patch.status.update(attempt=attempt + 1, disruptions=disruptions + 1, phase=st.PENDING,
                             trainingStartTime=None, gangCreatedAt=None, pendingSince=st.now_iso(),
@@ -224,7 +251,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             # state again: no gang is ever created that status does not name.
             msg, why = verdict.message, verdict.reason
             logger.warning(msg)
-            kopf.event(body, type="Warning", reason="Restarting", message=msg)
+            announce(body, type="Warning", reason="Restarting", message=msg)
             METRICS.restarted()
             patch.status.update(attempt=attempt + 1, restarts=restarts + 1, phase=st.PENDING, trainingStartTime=None,
                                 gangCreatedAt=None, pendingSince=st.now_iso(),
@@ -340,7 +367,7 @@ def _spec_change(name: str, body: kopf.Body, spec: dict, status: dict, job: Job,
     if now is not None and (not changed or (suspended and changed == {"podTemplate"})):
         if changed:
             patch.status["appliedSpec"] = now
-            kopf.event(body, type="Normal", reason="PodTemplateUpdated",
+            announce(body, type="Normal", reason="PodTemplateUpdated",
                        message="spec.podTemplate changed while suspended: the next gang uses it")
         patch.status["observedGeneration"] = generation
         return st.set_condition(conditions, "SpecChangeRefused", "False", "Unchanged", "the spec runs as written") \
@@ -362,7 +389,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
             gangs.delete_pods(namespace, [p for p in pods if not p["metadata"].get("deletionTimestamp")])
             return True
         fresh = status.get("gangCreatedAt") is not None or bool(pods)
-        kopf.event(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
+        announce(body, type="Normal", reason="Resumed", message="spec.suspend is false: starting a gang")
         patch.status.update(phase=st.PENDING, attempt=attempt + 1 if fresh else attempt, startTime=st.now_iso(),
                             trainingStartTime=None, gangCreatedAt=None, pendingSince=st.now_iso(),
                             conditions=st.set_condition(conditions, "Suspended", "False", "Resumed",
@@ -374,7 +401,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
     # ago that the watch has not shown yet (each pod deleted once).
     gangs.delete_pods(namespace, [p for p in pods if p["metadata"]["labels"].get(res.LABEL_ATTEMPT) != str(attempt)])
     gangs.delete_gang(job, namespace, attempt, uid)
-    kopf.event(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
+    announce(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
     patch.status.update(phase=st.SUSPENDED, trainingStartTime=None,
                         workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
                         conditions=st.set_condition(
