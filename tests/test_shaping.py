@@ -29,14 +29,7 @@ from netsense.shaping.profiles import build_profile
 from netsense.shaping.shaper import write_clock
 from netsense.shaping.tc import gso_max_segs, gso_segs_for, qdiscs, tbf_params
 
-pytestmark = pytest.mark.root
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    before = ours()
-    yield
-    assert not leaked_namespaces(before), "namespaces left behind"
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("nothing_left_behind")]
 
 
 def burst_of(qdisc: str) -> int:
@@ -129,22 +122,34 @@ def test_static_rate_is_achieved_within_10_percent(rate):
     # adds bytes. Where all fall short, the same path unshaped is measured: at 1 Gbit the VM's CPU binds
     # (0.80-0.84x in one minute with 25% of the CPU stolen by the host), and the shaper is held to 0.9x of
     # what the path carried then, so the test reads the shaper, not the machine's load.
+    # Two readings of each flow: its fastest second (the shaper's rate) and its mean over the window, held to
+    # 0.7x: a shaper that stalls for seconds (2 s in every 4) still has a fast second, never that mean.
     profile = build_profile({"type": "static", "rate": rate})
     bps = profile.rate_at(0)
 
-    def fastest_second(attempt: int) -> float:
-        got = best_second(bulk(c, 4, port=5001 + attempt), 0.8, 3.6)
+    def fastest_and_mean(attempt: int) -> tuple[float, float]:
+        out = bulk(c, 4, port=5001 + attempt)
+        got = best_second(out, 0.8, 3.6)
         assert got / bps <= 1.1, f"{rate}: fastest second {got / 1e6:.1f} Mbit/s"
-        return got
+        return got, rate_between(out, 0.8, 3.6)
+
+    def enough(reading: tuple[float, float]) -> bool:
+        return reading[0] >= 0.9 * bps and reading[1] >= 0.7 * bps
 
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        seconds = until_enough(fastest_second, lambda got: got / bps >= 0.9)
-    if seconds[-1] / bps >= 0.9:
+        # In CI a starved host fails the test (printing the steal) rather than skipping it: a skip there
+        # would also hide the stalling shaper this test is for.
+        readings = until_enough(fastest_and_mean, enough, skip_when_starved=not os.environ.get("CI"))
+    if enough(readings[-1]):
         return
     with LocalCluster(2) as c:
-        unshaped = best_second(bulk(c, 4), 0.8, 3.6)
-    assert max(seconds) >= 0.9 * min(bps, unshaped), (
-        f"{rate}: fastest second {[round(x / 1e6, 1) for x in seconds]} Mbit/s, unshaped {unshaped / 1e6:.0f}")
+        out = bulk(c, 4)
+        unshaped = best_second(out, 0.8, 3.6), rate_between(out, 0.8, 3.6)
+    mbit = [(round(b / 1e6, 1), round(m / 1e6, 1)) for b, m in readings]
+    assert max(b for b, _ in readings) >= 0.9 * min(bps, unshaped[0]), (
+        f"{rate}: (fastest second, mean) {mbit} Mbit/s, unshaped fastest {unshaped[0] / 1e6:.0f}")
+    assert max(m for _, m in readings) >= 0.7 * min(bps, unshaped[1]), (
+        f"{rate}: (fastest second, mean) {mbit} Mbit/s, unshaped mean {unshaped[1] / 1e6:.0f}: the link stalls")
 
 
 def test_a_scheduled_change_binds_within_half_a_second():
@@ -218,22 +223,58 @@ def test_a_shrinking_bucket_never_stalls_the_link():
             continue
         got = rate_between(out, t0, t0 + 0.5)
         assert got >= min(0.5 * bps, 400e6), f"step {i} ({bps / 1e6:.0f} Mbit) carried {got / 1e6:.1f} Mbit/s"
+        # Over the rate is never noise: a follower that leaves a falling step's old rate in place reads here.
+        assert got <= 1.1 * bps, f"step {i} ({bps / 1e6:.0f} Mbit) carried {got / 1e6:.1f} Mbit/s: over its rate"
         measured.append(i)
     assert len(measured) >= 2 and measured[-1] == len(profile.points) - 1, \
         f"the flow began {begun:.1f} s in: too late to read the shrinking steps {measured}"
 
 
-def test_direction_both_shapes_the_downlink_too():
-    profile = build_profile({"type": "static", "rate": "50Mbit"})
-    with LocalCluster(2, profile, direction="both", shaping_log=open(os.devnull, "w")) as c:
-        assert "tbf" in qdiscs("h1", c.bridge_ns)
-        assert "tbf" in qdiscs("eth0", c.host_ns(1))
+def test_direction_both_shapes_each_hosts_downlink_at_the_rate_step_by_step():
+    """Two hosts send to a third at once, each uplink at the rate: only the receiver's downlink holds their sum
+    to the rate (unshaped, it would carry twice that), on each step of the profile."""
+    every = 3.0
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "40Mbit"},
+                                                        {"at": f"{every}s", "rate": "20Mbit"}]})
+
+    def per_step(attempt: int) -> list[float]:
+        with LocalCluster(3, profile, direction="both", shaping_log=open(os.devnull, "w")) as c:
+            epoch = c.epoch
+            flows = [start_bulk(c, 2 * every + 0.5, src=src, dst=1, port=5001 + 10 * attempt + src)
+                     for src in (0, 2)]
+            outs = [bulk_result(f) for f in flows]
+        ratios = []
+        for t, bps in profile.points:
+            into = sum(rate_between(out, t - (out["start"] - epoch) + 0.8, t - (out["start"] - epoch) + every - 0.2)
+                       for out in outs)
+            ratios.append(into / bps)
+        assert max(ratios) <= 1.1, f"the downlink carried {[round(x, 2) for x in ratios]} of each step's rate"
+        return ratios
+
+    readings = until_enough(per_step, lambda ratios: min(ratios) >= 0.85)
+    assert min(readings[-1]) >= 0.85, f"the downlink carried {[[round(x, 2) for x in r] for r in readings]}"
 
 
 def test_two_clusters_coexist_and_are_isolated():
-    with LocalCluster(2) as a, LocalCluster(2) as b:
+    """Same addresses, separate networks: a host of one cluster reaches its own hosts and never the other's."""
+    with LocalCluster(3) as a, LocalCluster(2) as b:
         assert not set(a.namespaces) & set(b.namespaces)
-        assert a.address(0) == b.address(0)  # same addresses, separate networks
+        assert a.address(0) == b.address(0)
+        target = a.address(2)  # a host only cluster a has
+        listener = a.spawn(2, [sys.executable, "-c", "import socket,time; s=socket.create_server(('0.0.0.0', 5009)); "
+                                                     "print('up', flush=True); time.sleep(30)"],
+                           stdout=subprocess.PIPE)
+        assert listener.stdout.readline().strip() == b"up"
+        probe = ("import socket,sys; s=socket.socket(); s.settimeout(2); "
+                 f"print(s.connect_ex(({target!r}, 5009)))")
+
+        def connects(ns: str) -> bool:
+            out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe],
+                                 capture_output=True, text=True, check=True).stdout
+            return int(out) == 0
+
+        assert connects(a.host_ns(0)), "a host cannot reach its own cluster's host"
+        assert not connects(b.host_ns(0)), f"a host of cluster b reached {target} of cluster a"
 
 
 def test_cleanup_after_an_exception_inside_the_cluster():
@@ -272,13 +313,20 @@ def test_netem_profiles_fail_clearly_or_add_delay():
         assert not leaked_namespaces(before), "created something before failing"
         return
     with LocalCluster(2, profile, shaping_log=open(os.devnull, "w")) as c:
-        code = ("import socket,time,sys; t=time.perf_counter(); "
-                f"socket.create_connection(('{c.address(1)}', 9)).close() if False else None; "
-                f"s=socket.socket(); s.settimeout(5); t=time.perf_counter(); s.connect_ex(('{c.address(1)}', 9)); "
-                "print(time.perf_counter()-t)")
-        out = subprocess.run(["ip", "netns", "exec", c.host_ns(0), sys.executable, "-c", code],
-                             capture_output=True, text=True, check=True).stdout
-        assert float(out) >= 0.018  # SYN -> RST round trip crosses the delayed egress
+        code = (f"import socket,time; s=socket.socket(); s.settimeout(5); t=time.perf_counter(); "
+                f"s.connect_ex(('{c.address(1)}', 9)); print(time.perf_counter()-t)")
+
+        def round_trip(_attempt: int) -> float:
+            out = subprocess.run(["ip", "netns", "exec", c.host_ns(0), sys.executable, "-c", code],
+                                 capture_output=True, text=True, check=True).stdout
+            rtt = float(out)
+            # The SYN crosses host 0's delayed uplink, the RST host 1's: twice the delay, never less.
+            assert rtt >= 0.038, f"a round trip took {rtt * 1e3:.1f} ms with 20 ms on each uplink"
+            return rtt
+
+        # A busy machine only ever adds time: a round trip over the bound is read again.
+        readings = until_enough(round_trip, lambda rtt: rtt <= 0.050)
+        assert readings[-1] <= 0.050, f"round trips of {[round(r * 1e3, 1) for r in readings]} ms: the delay is over"
 
 
 def test_shape_command_applies_follows_and_removes_its_qdiscs(tmp_path):

@@ -32,9 +32,12 @@ def cpu_times() -> tuple[int, int]:
     return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
 
 
-def until_enough(measure: Callable[[int], T], enough: Callable[[T], bool], attempts: int = len(PAUSES_S)) -> list[T]:
+def until_enough(measure: Callable[[int], T], enough: Callable[[T], bool], attempts: int = len(PAUSES_S),
+                 skip_when_starved: bool = True) -> list[T]:
     """``measure(attempt)`` until ``enough`` of its reading, at most ``attempts`` times: every reading taken.
-    Skips the test when no reading was enough and the host stole more than STARVED of the CPU during each."""
+    Skips the test when no reading was enough and the host stole more than STARVED of the CPU during each
+    (``skip_when_starved``; else the test's own bound fails). Either way the steal is printed (pytest shows it
+    with a failure) and named in the skip (``-ra`` lists skips in CI's summary)."""
     readings: list[T] = []
     steals: list[float] = []
     for attempt in range(attempts):
@@ -45,7 +48,8 @@ def until_enough(measure: Callable[[int], T], enough: Callable[[T], bool], attem
         steals.append((steal1 - steal0) / max(1, total1 - total0))
         if enough(readings[-1]):
             return readings
-    if min(steals) > STARVED:
+    print(f"no reading was enough: {readings}; the host stole {', '.join(f'{s:.0%}' for s in steals)} of the CPU")
+    if skip_when_starved and min(steals) > STARVED:
         pytest.skip(f"every reading fell short while the host stole {', '.join(f'{s:.0%}' for s in steals)} of "
                     f"the CPU: the lower bound cannot be read on this machine now ({readings})")
     return readings
