@@ -15,12 +15,6 @@ from kubernetes import client
 from support.kube import REPO, OperatorProcess, quick_spec, wait_for
 from support.procs import Watched, alive
 
-pytestmark = pytest.mark.apiserver
-
-
-
-
-
 
 def env_of(container) -> dict:
     return {e.name: e.value for e in container.env or []}
@@ -111,7 +105,7 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
     assert json.loads(config.data["profile.json"]) == {"type": "static", "rate": "200Mbit"}
     assert config.metadata.owner_references[0].uid == uid
     time.sleep(2)  # several reconciles later: nothing new
-    assert [p.metadata.name for p in kube.pods(ns, "gang")] == [p.metadata.name for p in pods]
+    assert [p.metadata.uid for p in kube.pods(ns, "gang")] == [p.metadata.uid for p in pods]  # the same pods
     st = kube.status(ns, "gang")
     assert st["phase"] == "Pending" and st["network"]["rate"] == "200Mbit"
 
@@ -119,16 +113,17 @@ def test_a_job_becomes_a_service_and_a_gang_of_pods(kube, ns, operator):
 def test_an_operator_restart_creates_no_duplicates_and_carries_on(kube, ns, operator):
     kube.create_job(ns, "restart", quick_spec())
     wait_for(lambda: len(kube.pods(ns, "restart")) == 2, what="pods")
-    names = [p.metadata.name for p in kube.pods(ns, "restart")]
+    pods = kube.pods(ns, "restart")
     operator.stop()  # the session's operator: down while its pods start
     try:
-        for name in names:
-            kube.set_pod_phase(ns, name, "Running")
+        for pod in pods:
+            kube.set_pod_phase(ns, pod.metadata.name, "Running")
     finally:
         operator.start()
     wait_for(lambda: kube.status(ns, "restart").get("phase") == "Running", what="Running, seen by the new operator")
     time.sleep(2)  # several reconciles later: nothing new
-    assert [p.metadata.name for p in kube.pods(ns, "restart")] == names
+    # The same pods, not new ones of the same (deterministic) names.
+    assert [p.metadata.uid for p in kube.pods(ns, "restart")] == [p.metadata.uid for p in pods]
 
 
 def test_a_namespace_scoped_operator_runs_jobs_with_roles_alone_and_leaves_other_namespaces_be(
@@ -222,7 +217,10 @@ def test_a_pod_of_an_attempt_that_is_not_current_is_deleted(kube, ns, operator):
     kube.core.create_namespaced_pod(ns, stray)
     wait_for(lambda: [p.metadata.name for p in kube.pods(ns, "stray")] == ["stray-a0-w0", "stray-a0-w1"],
              what="the stray attempt deleted")
-    assert kube.status(ns, "stray")["attempt"] == 0 and job["metadata"]["uid"]
+    assert [p.metadata.uid for p in kube.pods(ns, "stray")] == [p.metadata.uid for p in pods], \
+        "the current attempt's pods were replaced"
+    assert kube.status(ns, "stray")["attempt"] == 0
+    assert all(p.metadata.labels["netsense.dev/job-uid"] == job["metadata"]["uid"] for p in kube.pods(ns, "stray"))
 
 
 def test_the_job_tells_its_story_in_events_and_conditions(kube, ns, operator):
