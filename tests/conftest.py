@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "control_plane" in item.fixturenames)  # stable: the rest keep their order
     if IS_ROOT:
         return
+    if os.environ.get("CI"):
+        raise pytest.UsageError("CI must run the suite as root: its network-namespace and tc tests would be skipped")
     skip = pytest.mark.skip(reason="needs root (network namespaces and tc); run the suite as root, as CI does")
     for item in items:
         if "root" in item.keywords:
@@ -42,14 +44,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
     """etcd + kube-apiserver (envtest-style), with the NetSenseJob CRD installed."""
+    from support import unavailable
     from support.envtest import ControlPlane, EnvtestError, binaries_dir, install_crd
 
     try:
         bins = binaries_dir(build=True)
     except EnvtestError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the API-server tests, but the binaries are missing: {e}")
-        pytest.skip(f"no envtest binaries (make envtest): {e}")
+        unavailable(f"the envtest binaries are missing (make envtest): {e}")
     with ControlPlane(bins, log_dir=str(tmp_path_factory.mktemp("envtest-logs"))) as cp:
         install_crd(cp.kubeconfig)
         cp.bin_dir = bins
@@ -91,6 +92,16 @@ def ns(kube):
     name = kube.namespace(f"t-{uuid.uuid4().hex[:8]}")
     yield name
     kube.delete_jobs(name)
+
+
+@pytest.fixture
+def nothing_left_behind():
+    """The test's network namespaces are gone after it (a failure or an exception included)."""
+    from support.procs import leaked_namespaces, ours
+
+    before = ours()
+    yield
+    assert not leaked_namespaces(before), "namespaces left behind"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import yaml
+from support import unavailable
 
 from netsense.bench import load_grid, run_bench, summarize
 from netsense.bench.grid import families
@@ -195,7 +196,7 @@ def test_cells_run_interleaved_and_every_results_file_names_the_commit(tmp_path,
     assert again == ran  # seeded: the same order every time
     head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if not head:
-        pytest.skip("not a git checkout: no commit to record")
+        unavailable("this is not a git checkout: no commit to record")
     results = json.loads((tmp_path / "out" / "summary.json").read_text())
     rows = json.loads((tmp_path / "out" / "table.json").read_text())
     assert {r["commit"] for r in results} == {r["commit"] for r in rows} == {head}

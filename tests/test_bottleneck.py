@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from support.procs import cmdline, descendants, leaked_namespaces, ours
+from support.procs import cmdline, descendants
 from support.rates import until_enough
 
 from netsense.emulation.bottleneck import cross_samples, queue_samples, summarize
@@ -122,13 +122,6 @@ def test_the_queue_summary_weighs_each_delay_by_how_long_it_held_on_the_training
 
 # ---- on the testbed (root) ---------------------------------------------------------------------------------------
 
-@pytest.fixture
-def nothing_left_behind():
-    before = ours()
-    yield
-    assert not leaked_namespaces(before), "namespaces left behind"
-
-
 @pytest.mark.root
 def test_the_shared_link_carries_its_rate_each_way_and_nothing_else_is_shaped(nothing_left_behind):
     with LocalCluster(2, build_profile({"type": "static", "rate": "50Mbit"}), topology="shared") as c:
@@ -210,6 +203,7 @@ def test_the_queue_builds_and_drops_when_the_link_is_oversubscribed_and_stays_em
     assert b["queue_delay_p99_ms"] >= 40 and b["drops"] > 0, b  # the queue holds 80 ms at 20 Mbit
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_a_training_job_gets_less_of_the_shared_link_once_cross_traffic_starts(tmp_path, nothing_left_behind):
     from netsense.emulation.runner import run_job

@@ -393,6 +393,7 @@ def rebuild_run(rank: int, world: int, steps: int) -> dict:
 
 
 @pytest.mark.gloo
+@pytest.mark.fast  # make test-fast's hook test: every method's hook on DDP, conservation and the ranks' agreement
 def test_error_feedback_is_conserved_per_parameter_across_ddps_bucket_rebuild():
     """Compression from step 0 (no dense first step): what a step did not send stays with its parameter when
     DDP lays its buckets out again after step 0, for every method with error feedback: world x received ==

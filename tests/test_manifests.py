@@ -12,11 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from netsense_operator import resources as res
+from support import REPO, unavailable
 
 from netsense.spec import load_job
 from netsense.spec.job import DEFAULT_IMAGE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
 OVERLAYS = ["manifests", "manifests/base", "manifests/overlays/local", "manifests/overlays/gpu",
             "manifests/overlays/namespaced"]
@@ -29,9 +29,7 @@ def kubectl():
     try:
         path = os.path.join(binaries_dir(build=True), "kubectl")
     except EnvtestError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"kubectl (built with the envtest binaries) is missing in CI: {e}")
-        pytest.skip(f"no kubectl: {e}")
+        unavailable(f"kubectl (built with the envtest binaries) is missing: {e}")
     return path
 
 

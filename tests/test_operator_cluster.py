@@ -11,11 +11,9 @@ import os
 import subprocess
 import time
 
-import pytest
 import yaml
 from support.kube import quick_spec, wait_for
 
-pytestmark = pytest.mark.apiserver
 GROUP, VERSION, PLURAL = "netsense.dev", "v1alpha1", "netsensejobs"
 
 

@@ -24,8 +24,6 @@ from support.kube import OperatorProcess, quick_spec, wait_for
 
 from netsense.spec import GROUP, PLURAL, VERSION
 
-pytestmark = pytest.mark.apiserver
-
 LEASE = ("netsense-operator", "netsense-system")  # name, namespace: what the operator's elector takes
 
 

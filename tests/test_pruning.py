@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import unavailable
 
 from netsense.compression import native
 from netsense.compression.compressor import TopK
@@ -22,7 +23,7 @@ SEED = 5
 @pytest.fixture(scope="module", autouse=True)
 def kernels() -> None:
     if native.library() is None:
-        pytest.skip("the native kernels are unavailable here (no C++ compiler, or NETSENSE_NATIVE=0)")
+        unavailable("the native kernels are unavailable here (no C++ compiler, or NETSENSE_NATIVE=0)")
 
 
 class Bucket:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import yaml
+from support import REPO
 from support.procs import Watched, cmdline, leaked_namespaces, ours
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETSENSE = [sys.executable, "-m", "netsense"]
 RESULT_KEYS = {"job", "method", "workers", "model", "dataset", "status", "throughput_samples_per_s",
                "wall_seconds", "steps", "best_accuracy", "final_accuracy", "target_accuracy",
@@ -256,6 +256,7 @@ def _stopped(pids) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.timeout(600)
 def test_a_run_beside_the_tests_is_left_alone(tmp_path):
