@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from support import REPO
 
 from netsense.gang import judge, rank_failure, worker_env
 from netsense.spec import load_job
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICY = {"backoffLimit": 2}
 
 

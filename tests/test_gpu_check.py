@@ -8,8 +8,7 @@ import os
 import subprocess
 
 import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
 
 
 @pytest.mark.root

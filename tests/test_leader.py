@@ -21,6 +21,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 from netsense_operator import leader
 from netsense_operator.leader import LeaseElector, LeaseNamespaceMissing
+from support.clock import FakeClock
 
 
 class FakeLeases:
@@ -70,19 +71,11 @@ class FakeLeases:
         self.version += 1
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.mark.parametrize("holder_skew_s", [-3600, 0, 3600])
 def test_a_waiting_replica_counts_the_lease_on_its_own_clock(holder_skew_s):
     """Whether the holder's clock is an hour behind, right, or an hour ahead: the Lease is taken only after it
     stood unchanged for its duration as the waiting replica saw it."""
-    api, clock = FakeLeases(), Clock()
+    api, clock = FakeLeases(), FakeClock()
     a = LeaseElector("ns", identity="a", api=api)
     assert a.try_acquire() is None
     api.skew(holder_skew_s)
@@ -95,7 +88,7 @@ def test_a_waiting_replica_counts_the_lease_on_its_own_clock(holder_skew_s):
 
 
 def test_a_holder_that_keeps_renewing_keeps_the_lease_however_old_its_renew_time_reads():
-    api, clock = FakeLeases(), Clock()
+    api, clock = FakeLeases(), FakeClock()
     a = LeaseElector("ns", identity="a", api=api)
     a.try_acquire()
     b = LeaseElector("ns", identity="b", api=api, clock=clock)
@@ -130,7 +123,7 @@ def test_a_holder_that_cannot_renew_stops_before_anyone_may_take_over(monkeypatc
 
 def test_the_deadline_counts_from_when_the_renewal_was_sent_not_when_its_answer_came():
     """A renewal whose answer took 4 s (a slow or stalled connection) buys no more than one sent 4 s earlier."""
-    api, clock = FakeLeases(), Clock()
+    api, clock = FakeLeases(), FakeClock()
     a = LeaseElector("ns", identity="a", api=api, clock=clock)
     sent = clock.t
 

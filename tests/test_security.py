@@ -10,7 +10,6 @@ import copy
 import json
 import os
 import subprocess
-import uuid
 
 import pytest
 import yaml
@@ -225,13 +224,6 @@ def test_a_metrics_address_that_would_listen_everywhere_or_nowhere_is_refused(ad
 
 
 # ---- against the real API server -------------------------------------------------------------------------------
-
-@pytest.fixture
-def ns(kube):
-    name = kube.namespace(f"sec-{uuid.uuid4().hex[:8]}")
-    yield name
-    kube.delete_jobs(name)
-
 
 def _job(name: str, spec: dict) -> dict:
     return {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": name}, "spec": spec}

@@ -7,13 +7,12 @@ import os
 
 import pytest
 import yaml
+from support import REPO
 
 from netsense import units
 from netsense.shaping.profiles import build_profile
 from netsense.spec import SpecError, load_job, parse_job, parse_spec
 from netsense.spec.crd import crd
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def doc(**spec):

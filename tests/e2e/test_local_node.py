@@ -16,11 +16,11 @@ import time
 
 import pytest
 import yaml
+from support import REPO
 from support.kube import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(REPO, "manifests", "samples", "quick-local.yaml")
 OPERATOR_NS = "netsense-system"
 LABEL_JOB = "netsense.dev/job"

@@ -27,6 +27,7 @@ import urllib.request
 
 import yaml
 
+from support import REPO
 from support.net import free_port
 
 PR_SET_PDEATHSIG = 1
@@ -36,7 +37,6 @@ def _die_with_parent() -> None:
     """In the child, before exec: the kernel sends SIGKILL when the process that started it exits (Linux)."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_SCRIPT = os.path.join(REPO, "testbed", "envtest", "build.sh")
 SERVICE_CIDR = "10.96.0.0/24"
 

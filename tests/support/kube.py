@@ -16,9 +16,8 @@ import yaml
 from kubernetes import client, config, utils
 
 from netsense.spec import GROUP, PLURAL, VERSION
+from support import REPO
 from support.net import free_port
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Kube:
