@@ -11,36 +11,24 @@ import types
 
 import pytest
 import torch
+from support.clock import FakeClock
 
+import netsense.clock as clock_module
 from netsense.compression import steps, timing
 from netsense.compression.timing import IntervalTimer
 
 
-class Clock:
-    """time.perf_counter as the test sets it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, t: float) -> Clock:
-        self.now = t
-        return self
-
-
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
+def clock(monkeypatch) -> FakeClock:
     """The one clock both the timer and the step record read (their modules' ``time``, not the global one)."""
-    c = Clock()
+    c = FakeClock(0.0)
     fake = types.SimpleNamespace(perf_counter=c)
     monkeypatch.setattr(timing, "time", fake)
-    monkeypatch.setattr(steps, "time", fake)
+    monkeypatch.setattr(clock_module, "time", fake)
     return c
 
 
-def _play(clock: Clock, timer: IntervalTimer, intervals: list[tuple[float, float]]) -> None:
+def _play(clock: FakeClock, timer: IntervalTimer, intervals: list[tuple[float, float]]) -> None:
     """Launch and complete collectives over these [launch, completion] intervals, in time order (at equal
     times a completion before a launch), as the hooks call the timer."""
     events = sorted([(a, 1, i) for i, (a, _) in enumerate(intervals)] + [(b, 0, i) for i, (_, b) in enumerate(intervals)])
@@ -53,7 +41,7 @@ def _play(clock: Clock, timer: IntervalTimer, intervals: list[tuple[float, float
             timer.stop(tokens[i])
 
 
-def _timer_with(clock: Clock, intervals: list[tuple[float, float]]) -> IntervalTimer:
+def _timer_with(clock: FakeClock, intervals: list[tuple[float, float]]) -> IntervalTimer:
     """A CPU timer that saw these intervals."""
     timer = IntervalTimer(torch.device("cpu"))
     _play(clock, timer, intervals)
@@ -68,13 +56,13 @@ def _timer_with(clock: Clock, intervals: list[tuple[float, float]]) -> IntervalT
     ([(1.0, 2.0), (3.0, 4.5)], 2.5),  # apart: the gap is not busy
     ([(1.0, 2.0), (2.0, 3.0), (6.0, 7.0), (6.5, 8.0)], 4.0),  # touching, then an overlapping pair
 ])
-def test_busy_is_the_length_of_the_union_of_the_intervals(clock: Clock, intervals, busy: float):
+def test_busy_is_the_length_of_the_union_of_the_intervals(clock: FakeClock, intervals, busy: float):
     """comm_seconds, what the link estimators divide the wire bytes by: time some collective was in flight,
     each second once however many buckets overlap in it."""
     assert _timer_with(clock, intervals).busy() == pytest.approx(busy)
 
 
-def test_busy_resets_for_the_next_step(clock: Clock):
+def test_busy_resets_for_the_next_step(clock: FakeClock):
     timer = _timer_with(clock, [(1.0, 2.0)])
     assert timer.busy() == pytest.approx(1.0)
     assert timer.busy() == 0.0
@@ -86,7 +74,7 @@ def test_busy_resets_for_the_next_step(clock: Clock):
     ([(1.0, 4.0), (2.0, 3.0)], 2.0),  # the last launch at 2, the last completion at 4 (the earlier bucket's)
     ([(1.0, 1.5), (3.0, 3.25)], 0.25),  # the first bucket finished under the backward pass: not waited for
 ])
-def test_exposed_is_the_wait_from_the_last_launch_to_the_last_completion(clock: Clock, intervals, exposed: float):
+def test_exposed_is_the_wait_from_the_last_launch_to_the_last_completion(clock: FakeClock, intervals, exposed: float):
     """The communication the step could not hide behind the backward pass: after its last bucket was launched,
     the time until every collective had completed."""
     assert _timer_with(clock, intervals).exposed() == pytest.approx(exposed)
@@ -104,7 +92,7 @@ def measured(monkeypatch) -> _Measured:
     return _Measured()
 
 
-def _step(state: _Measured, clock: Clock, forward_at: float | None, first_bucket_at: float,
+def _step(state: _Measured, clock: FakeClock, forward_at: float | None, first_bucket_at: float,
           intervals: list[tuple[float, float]], selection: float, end_at: float) -> dict:
     """One step: the forward pass marked at ``forward_at`` (None: not marked), the first bucket's hook at
     ``first_bucket_at``, collectives over ``intervals``, ``selection`` seconds of selection (timed by the state's
@@ -120,7 +108,7 @@ def _step(state: _Measured, clock: Clock, forward_at: float | None, first_bucket
     return state.end_step()
 
 
-def test_compute_is_the_step_less_the_exposed_wait_and_the_selection(clock: Clock, measured: _Measured):
+def test_compute_is_the_step_less_the_exposed_wait_and_the_selection(clock: FakeClock, measured: _Measured):
     """Step from 0 (forward marked) to 10. Two buckets: launched at 4 and 6, done at 7 and 8: busy 4 s
     ([4, 8]), exposed 2 s (from the last launch at 6 to 8). Selection 0.5 s. Compute = 10 - 2 - 0.5 = 7.5;
     with busy in place of exposed it would read 5.5, and the policies would see a network twice as costly."""
@@ -130,7 +118,7 @@ def test_compute_is_the_step_less_the_exposed_wait_and_the_selection(clock: Cloc
     assert record["selection_seconds"] == pytest.approx(0.5)
 
 
-def test_a_collective_the_host_blocks_on_is_exposed_whole_not_compute(clock: Clock, measured: _Measured):
+def test_a_collective_the_host_blocks_on_is_exposed_whole_not_compute(clock: FakeClock, measured: _Measured):
     """PowerSGD's P's all_reduce is waited for inside the backward pass (its Q's need the sum): all of it is the
     step waiting for the network. Step 0 to 10; the blocking collective from 4 to 6, the Q's launched at 7 and done
     at 9; selection 0.5 s: exposed 2 + 2, compute 10 - 4 - 0.5 = 5.5. Timed as a launch, the blocking one's wait
@@ -149,14 +137,14 @@ def test_a_collective_the_host_blocks_on_is_exposed_whole_not_compute(clock: Clo
     assert record["compute_seconds"] == pytest.approx(5.5)
 
 
-def test_without_the_forward_mark_the_step_is_timed_from_its_first_bucket(clock: Clock, measured: _Measured):
+def test_without_the_forward_mark_the_step_is_timed_from_its_first_bucket(clock: FakeClock, measured: _Measured):
     """A trainer that does not call start_step(): the step counts from the first bucket's hook (3 s here)."""
     record = _step(measured, clock, None, 3.0, [(4.0, 5.0)], 0.0, 10.0)
     assert record["compute_seconds"] == pytest.approx(10.0 - 3.0 - 1.0)
     assert record["comm_seconds"] == pytest.approx(1.0)
 
 
-def test_each_step_is_timed_on_its_own(clock: Clock, measured: _Measured):
+def test_each_step_is_timed_on_its_own(clock: FakeClock, measured: _Measured):
     """The second step's record knows nothing of the first's intervals (a new timer per step), and starts
     at its own forward mark."""
     _step(measured, clock, 0.0, 1.0, [(2.0, 9.0)], 0.0, 10.0)

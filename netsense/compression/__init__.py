@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from netsense.clock import REAL, RealClock
 from netsense.compression import native
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
 from netsense.compression.lowrank import layout
@@ -73,13 +74,14 @@ def has_conv(model: torch.nn.Module) -> bool:
 
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
              process_group: dist.ProcessGroup | None = None, seed: int = 0,
-             momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False) -> MeasuredState:
+             momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False,
+             clock: RealClock | None = None) -> MeasuredState:
     """Register the hook for ``config['method']`` on a DDP model; returns its state.
 
     ``momentum`` and ``weight_decay`` are the SGD optimizer's: a method with momentumCorrection applies
     them in the hook (memory.LocalMomentum), and the optimizer must then use ``state.optimizer_terms``.
     ``null_wire``: the collectives move no bytes (communicator.py; benchmarks only: the ranks do not train as
-    one model).
+    one model). ``clock``: what a step costs in time (netsense.clock; default the real one).
     """
     c = validate_config(config)
     method = c["method"]
@@ -90,6 +92,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         state: MeasuredState = TorchHookState(default_hooks.fp16_compress_hook, process_group,
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
                                process_group, fp16=True, always_dense=True)
+        state.clock = clock or REAL
         model.register_comm_hook(state, torch_hook)
         return state
     shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
@@ -124,5 +127,6 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
                              seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local,
                              shared=shared, null_wire=null_wire)
+    state.clock = clock or REAL
     model.register_comm_hook(state, compress_hook)
     return state

@@ -18,10 +18,12 @@ from netsense.compression.timing import IntervalTimer
 
 
 def launch(start: Callable[[], torch.futures.Future], timer: IntervalTimer,
-           then: Callable[[torch.futures.Future], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
+           then: Callable[[torch.futures.Future], torch.Tensor], kind: str = "all_reduce",
+           wire_bytes: float = 0.0) -> torch.futures.Future[torch.Tensor]:
     """``start()`` launches the communication and returns its future; ``then`` turns its completion into
-    the bucket's tensor. The interval between the two goes to ``timer`` (CUDA events on GPUs)."""
-    token = timer.start()
+    the bucket's tensor. The interval between the two goes to ``timer`` (CUDA events on GPUs); ``kind`` and
+    ``wire_bytes`` (this rank's bytes on the wire, the algorithm counted) price it on a modeled clock."""
+    token = timer.start(kind, wire_bytes)
     fut = start()
 
     def finish(f: torch.futures.Future) -> torch.Tensor:
@@ -45,9 +47,9 @@ def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: boo
 
 
 def allreduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, timer: IntervalTimer,
-              then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False
+              then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False, wire_bytes: float = 0.0
               ) -> torch.futures.Future[torch.Tensor]:
-    return launch(lambda: _all_reduce(tensor, group, null), timer, then)
+    return launch(lambda: _all_reduce(tensor, group, null), timer, then, "all_reduce", wire_bytes)
 
 
 def allreduce_now(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: bool = False) -> None:
@@ -56,13 +58,14 @@ def allreduce_now(tensor: torch.Tensor, group: dist.ProcessGroup | None, null: b
 
 
 def allgather(outputs: list[torch.Tensor], packed: torch.Tensor, group: dist.ProcessGroup | None,
-              timer: IntervalTimer, then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False
-              ) -> torch.futures.Future[torch.Tensor]:
+              timer: IntervalTimer, then: Callable[[torch.futures.Future], torch.Tensor], null: bool = False,
+              wire_bytes: float = 0.0) -> torch.futures.Future[torch.Tensor]:
     if null:
         def copies() -> torch.futures.Future:
             for out in outputs:
                 out.copy_(packed)
             return in_step(outputs, group)
 
-        return launch(copies, timer, then)
-    return launch(lambda: dist.all_gather(outputs, packed, group=group, async_op=True).get_future(), timer, then)
+        return launch(copies, timer, then, "all_gather", wire_bytes)
+    return launch(lambda: dist.all_gather(outputs, packed, group=group, async_op=True).get_future(), timer, then,
+                  "all_gather", wire_bytes)

@@ -190,7 +190,8 @@ class CompressionState(MeasuredState):
         buf.div_(self.world)
         tensor = buf.to(torch.float16) if fp16 else buf
         n, c = buf.numel(), self.counts
-        c.wire_bytes += dense_allreduce_bytes(n, self.world, fp16)
+        wire = dense_allreduce_bytes(n, self.world, fp16)
+        c.wire_bytes += wire
         c.payload_bytes += n * tensor.element_size()
         c.elements_sent += n
         c.elements_total += n
@@ -200,7 +201,7 @@ class CompressionState(MeasuredState):
                 buf.copy_(f.value()[0])
             return buf
 
-        return communicator.allreduce(tensor, self.group, self.timer, done, self.null_wire)
+        return communicator.allreduce(tensor, self.group, self.timer, done, self.null_wire, wire)
 
     def sparse(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = self.selection_timer.start()
@@ -218,7 +219,8 @@ class CompressionState(MeasuredState):
         gathered = [ws.get(f"gathered{r}", packed.numel(), torch.uint8, buf.device) for r in range(self.world)]
         c = self.counts
         self.selection_timer.stop(t0)
-        c.wire_bytes += sparse_allgather_bytes(k, self.world, d.fp16)
+        wire = sparse_allgather_bytes(k, self.world, d.fp16)
+        c.wire_bytes += wire
         c.payload_bytes += packed.numel()
         c.elements_sent += selected  # the selection's work: padding costs none
         c.elements_total += n
@@ -230,7 +232,7 @@ class CompressionState(MeasuredState):
             self.selection_timer.stop(t1)
             return buf
 
-        return communicator.allgather(gathered, packed, self.group, self.timer, done, self.null_wire)
+        return communicator.allgather(gathered, packed, self.group, self.timer, done, self.null_wire, wire)
 
 
     def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -245,7 +247,8 @@ class CompressionState(MeasuredState):
         c = self.counts
         self.selection_timer.stop(t0)
         # Waited for here (the Q's need the summed P's): exposed time, not compute.
-        self.timer.wait_for(lambda: communicator.allreduce_now(first, self.group, self.null_wire))
+        self.timer.wait_for(lambda: communicator.allreduce_now(first, self.group, self.null_wire), "all_reduce",
+                            dense_allreduce_bytes(first.numel(), self.world))
         t1 = self.selection_timer.start()
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
         self.selection_timer.stop(t1)
@@ -267,7 +270,8 @@ class CompressionState(MeasuredState):
             self.selection_timer.stop(t2)
             return buf
 
-        return communicator.allreduce(second, self.group, self.timer, done, self.null_wire)
+        return communicator.allreduce(second, self.group, self.timer, done, self.null_wire,
+                                      dense_allreduce_bytes(second.numel(), self.world))
 
 
 def padded(packed: torch.Tensor, k: int, pad: int) -> torch.Tensor:
@@ -349,4 +353,4 @@ def torch_hook(state: TorchHookState, bucket: dist.GradBucket) -> torch.futures.
     # Density as the fraction of dense wire bytes actually sent.
     c.elements_sent += n * min(1.0, wire / max(1.0, dense_allreduce_bytes(n, state.world))) if state.world > 1 else n
     return communicator.launch(lambda: state.inner_hook(state.inner_state, bucket), state.timer,
-                               lambda f: f.value())
+                               lambda f: f.value(), "all_reduce", wire)

@@ -10,12 +10,12 @@ on any, and minus the compressor's own work: selecting, packing, decoding).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from netsense.clock import REAL, RealClock
 from netsense.compression.timing import IntervalTimer
 
 
@@ -41,6 +41,7 @@ class MeasuredState:
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None):
+        self.clock: RealClock = REAL  # what a step costs in time (register's clock: netsense.clock)
         self.group = process_group
         self.world = dist.get_world_size(process_group)
         self.step = -1
@@ -64,7 +65,7 @@ class MeasuredState:
         The compute a step costs starts there; without this mark it is timed from the first bucket's hook,
         which misses the forward pass and part of the backward."""
         self.end_step()
-        self._forward_start = time.perf_counter()
+        self._forward_start = self.clock.now()
 
     def end_step(self) -> dict | None:
         """Finalize the open step's record and return it (None if no step is open; idempotent)."""
@@ -72,9 +73,10 @@ class MeasuredState:
             return None
         self._finished = True
         c = self.counts
-        busy = self.timer.busy()
-        c.selection_seconds += self.selection_timer.busy()
-        compute = max(1e-6, (time.perf_counter() - self._step_start) - self.timer.exposed() - c.selection_seconds)
+        cost = self.clock.settle(self._step_start, self.timer, self.selection_timer, c.elements_total,
+                                 c.elements_sent < c.elements_total)
+        busy, compute = cost.comm_seconds, cost.compute_seconds
+        c.selection_seconds += cost.selection_seconds
         record = {
             "step": self.step,
             "density": c.elements_sent / c.elements_total if c.elements_total else 1.0,
@@ -107,9 +109,9 @@ class MeasuredState:
         self.step += 1
         self.device = device
         self.counts = StepCounts()
-        self.timer = IntervalTimer(device)
-        self.selection_timer = IntervalTimer(device)
-        self._step_start = self._forward_start if self._forward_start is not None else time.perf_counter()
+        self.timer = self.clock.timer(device)
+        self.selection_timer = self.clock.timer(device)
+        self._step_start = self._forward_start if self._forward_start is not None else self.clock.now()
         self._forward_start = None
         self._finished = False
 

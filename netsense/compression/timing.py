@@ -36,7 +36,9 @@ class IntervalTimer:
             return ev
         return time.perf_counter()
 
-    def start(self):
+    def start(self, kind: str = "all_reduce", wire_bytes: float = 0.0):
+        """A collective launched: ``kind`` (all_reduce, all_gather) and the bytes this rank puts on the wire
+        are what a modeled clock prices it by (netsense.clock.simulated); the real clock reads its time."""
         self.last_launch = time.perf_counter()
         return self._now()
 
@@ -44,7 +46,7 @@ class IntervalTimer:
         self.last_done = time.perf_counter()
         self._open.append((token, self._now()))
 
-    def wait_for(self, run) -> None:
+    def wait_for(self, run, kind: str = "all_reduce", wire_bytes: float = 0.0) -> None:
         """Run a collective the host blocks on (``run()`` returns when it has completed): its interval is busy,
         and all of it is exposed, the step waited for it. PowerSGD's first all_reduce is one (its Q's need the
         summed P's): timed as a launch it moved the last launch and its wait read as compute, 21.6 ms a

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from netsense.emulation.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.emulation.cluster import LocalCluster
+from netsense.emulation.loopback import LoopbackHosts, free_port
 from netsense.errors import NetsenseError
 from netsense.gang import (
     OUT_DIR_ENV,
@@ -76,14 +77,19 @@ class Progress:
         print(text, file=self.stream, flush=True)
 
 
-def local_worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None) -> dict[str, str]:
+def local_worker_env(job: Job, rank: int, master: str, out_dir: str, start_file: str | None,
+                     master_port: int | None = None) -> dict[str, str]:
     """This machine's environment (PATH, the venv, ...) with the worker contract on top; eth0 is each
-    host's one link here, shaped or not."""
+    host's one link here, shaped or not (on the simulated clock: loopback, and a rendezvous port of the run's
+    own, as runs may go side by side)."""
     inherited = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_ENV}
     extra = {OUT_DIR_ENV: out_dir}
     if start_file is not None and rank == 0:
         extra[PROFILE_START_ENV] = start_file  # one follower shapes every link here
-    return {**inherited, **worker_env(job, rank, master, job_file(out_dir), "eth0", extra)}
+    if master_port is not None:
+        extra["MASTER_PORT"] = str(master_port)
+    interface = "lo" if job.network["clock"] == "simulated" else "eth0"
+    return {**inherited, **worker_env(job, rank, master, job_file(out_dir), interface, extra)}
 
 
 def job_file(out_dir: str) -> str:
@@ -104,7 +110,7 @@ def _last_line(path: str) -> str:
     return lines[-1] if lines else ""
 
 
-def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, attempt: int,
+def run_gang(cluster: LocalCluster | LoopbackHosts, job: Job, out_dir: str, progress: Progress, attempt: int,
              started: float) -> Verdict | None:
     """Start all ranks and wait until all exit (None) or a verdict ends this gang (a rank failed, or the
     deadline counted from ``started`` passed)."""
@@ -116,10 +122,11 @@ def run_gang(cluster: LocalCluster, job: Job, out_dir: str, progress: Progress, 
             os.unlink(cluster.start_file)
         if attempt > 0 and cluster.follower:
             cluster.follower.rewind()  # the new gang's clock starts at its own first step
+    port = free_port() if isinstance(cluster, LoopbackHosts) else None
     for rank in range(job.workers):
         err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
         stdout = subprocess.PIPE if rank == 0 else err
-        env = local_worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file)
+        env = local_worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file, port)
         procs.append(cluster.spawn(rank, [sys.executable, "-m", "netsense", "worker"], env=env,
                                    stdout=stdout, stderr=err))
         err.close()
@@ -171,18 +178,23 @@ def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = T
     # The trainer publishes its training clock there; the queue samplers and cross traffic follow it too.
     start_file = os.path.join(out_dir, "profile-start")
     net = job.network
+    simulated = net["clock"] == "simulated"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(start_file)
     with open(os.path.join(out_dir, "shaping.jsonl"), "w") as shaping_log, \
-            LocalCluster(job.workers, profile, net["direction"], shaping_log=shaping_log, start_file=start_file,
-                         topology=net["topology"], cross_hosts=bool(net.get("crossTraffic"))) as cluster:
-        progress.message(f"netsense: {job.name}: {job.workers} workers in namespaces {cluster.bridge_ns[:-2]}*, "
+            (LoopbackHosts(job.workers) if simulated else
+             LocalCluster(job.workers, profile, net["direction"], shaping_log=shaping_log, start_file=start_file,
+                          topology=net["topology"], cross_hosts=bool(net.get("crossTraffic")))) as cluster:
+        where = "on the simulated clock (loopback)" if simulated else f"in namespaces {cluster.bridge_ns[:-2]}*"
+        progress.message(f"netsense: {job.name}: {job.workers} workers {where}, "
                          f"method {job.compression['method']}, topology {net['topology']}, "
                          f"profile {net.get('profile', {}).get('type', 'unshaped')}"
                          f"{', cross traffic' if net.get('crossTraffic') else ''}; output in {out_dir}")
-        observers = Observers(cluster, net.get("crossTraffic"), out_dir, start_file)
-        observers.start()
-        tcp = cluster.tcp_congestion_control()
+        observers = Observers(cluster, None if simulated else net.get("crossTraffic"), out_dir,
+                              None if simulated else start_file)
+        if not simulated:
+            observers.start()
+        tcp = None if simulated else cluster.tcp_congestion_control()
         attempt = 0
         while verdict := run_gang(cluster, job, out_dir, progress, attempt, started):
             if not verdict.restart:
@@ -193,7 +205,8 @@ def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = T
     progress.message("")
     with open(os.path.join(out_dir, "result.json")) as fh:
         result = json.load(fh)
-    result["tcp_congestion_control"] = tcp
+    if tcp is not None:
+        result["tcp_congestion_control"] = tcp
     queue, cross = queue_samples(out_dir), cross_samples(out_dir)  # read once: a long run's queue.csv is large
     bottleneck = summarize(out_dir, observers.flows, queue, cross)
     if bottleneck["links"] or observers.flows:

@@ -183,6 +183,13 @@ def _check_null_wire(spec: dict, path: str, errors: Errors) -> None:
                                                      "it cannot run without the wire")
 
 
+def _check_simulated(spec: dict, path: str, errors: Errors) -> None:
+    c, n = spec.get("compression") or {}, spec.get("network") or {}
+    if n.get("clock") == "simulated" and c.get("familyPilot"):
+        errors.add(_join(path, "compression.familyPilot"), "the pilot's forks are not modeled on the simulated "
+                                                           "clock: set it false, or use clock: real")
+
+
 def _check_pilot_optimizer(spec: dict, path: str, errors: Errors) -> None:
     c, t = spec.get("compression") or {}, spec.get("training") or {}
     if c.get("familyPilot") and t.get("optimizer") != "sgd":
@@ -403,6 +410,30 @@ CROSS_TRAFFIC = Union("type", {
 def _check_network(n: dict, path: str, errors: Errors) -> None:
     if n.get("crossTraffic") and n["topology"] != "shared":
         errors.add(_join(path, "crossTraffic"), "needs topology: shared (cross traffic competes at the shared link)")
+    if n.get("simulation") and n["clock"] != "simulated":
+        errors.add(_join(path, "simulation"), "sets the simulated clock's model: needs clock: simulated")
+    if n["clock"] == "simulated":
+        if n["topology"] != "per-host":
+            errors.add(_join(path, "topology"), "the simulated clock models per-host links only (the shared "
+                                                "link and its cross traffic run on the emulator: clock: real)")
+        profile = n.get("profile") or {}
+        if profile.get("loss") or profile.get("jitter"):
+            errors.add(_join(path, "profile"), "the simulated clock models no loss or netem jitter (its own "
+                                               "noise is simulation.jitter)")
+
+
+SIMULATION = Obj({
+    "computeSeconds": F(Float(min=0, exclusive_min=True,
+                              doc="a step's forward and backward pass on this clock (default: measured once before "
+                                  "training, the median of warm steps, and recorded in result.json)")),
+    "compressionSecondsPerMelement": F(Float(min=0, doc="the compressor's own work (selecting, packing, decoding) "
+                                                        "per million gradient elements of a compressed step "
+                                                        "(default: measured once, TopK's selection)")),
+    "latency": F(Unit("duration", doc="each hop of a collective's ring, besides the profile's delay"),
+                 default="0.05ms"),
+    "jitter": F(Float(min=0, max=1, doc="each collective's time scaled by 1 + jitter x N(0, 1), seeded by the job's "
+                                        "seed: the same noise on every rank and every re-run"), default=0.0),
+}, doc="the simulated clock's model (netsense.clock.simulated): what a step costs when nothing is slept")
 
 
 NETWORK = Obj({
@@ -416,6 +447,11 @@ NETWORK = Obj({
     "direction": F(Str(enum=("egress", "both"), doc="per-host: shape each host's uplink, or both ways"),
                    default="egress"),
     "interface": F(Str(doc="interface the sidecar shapes"), default="eth0"),
+    "clock": F(Str(enum=("real", "simulated"),
+                   doc="real: the emulated (or a cluster's) link; simulated (netsense run only): the same training "
+                       "over loopback, each step's time from a model (spec.network.simulation), deterministic"),
+               default="real"),
+    "simulation": F(SIMULATION),
 }, checks=[_check_network], cel=[
     {"rule": "!has(self.crossTraffic) || size(self.crossTraffic) == 0 || self.topology == 'shared'",
      "message": "crossTraffic needs topology: shared"}])
@@ -488,7 +524,7 @@ SPEC = Obj({
     "network": F(NETWORK, default=dict),
     "runPolicy": F(RUN_POLICY, default=dict),
     "output": F(OUTPUT),
-}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer, _check_lowrank_momentum, _check_null_wire], cel=podtemplate.SHAPED_CEL)
+}, checks=[podtemplate.check_shaped, _check_procs, _check_pilot_optimizer, _check_lowrank_momentum, _check_null_wire, _check_simulated], cel=podtemplate.SHAPED_CEL)
 
 METADATA = Obj({
     "name": F(Str(pattern=DNS_LABEL, max_length=50,
@@ -681,5 +717,8 @@ def check_cluster(job: Job) -> None:
     if net["topology"] == "shared":
         issues.append(Issue("spec.network.topology", "shared is the emulated cluster's switch; on a cluster "
                                                      "the nodes' own network is the shared link (use per-host)"))
+    if net["clock"] == "simulated":
+        issues.append(Issue("spec.network.clock", "simulated is a study tool of netsense run and netsense bench; "
+                                                  "a cluster's job runs on its real network (use real)"))
     if issues:
         raise SpecError(issues)

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from netsense import gang, units
+from netsense.clock import REAL, RealClock
+from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
 from netsense.control import pilot
 from netsense.shaping.profiles import build_profile
@@ -46,6 +48,7 @@ from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, SpecError, parse_spec
 from netsense.spec.schema import Issue
+from netsense.train import calibrate
 from netsense.train.data import ShardedBatches, load_dataset
 from netsense.train.models import build_model
 from netsense.train.results import Timeline, compact, write_result
@@ -155,6 +158,12 @@ class Trainer:
         self.timeline = Timeline()
         self.state = RunState()
         self.pilot: dict | None = None  # tta's family pilot, where it ran (family_pilot)
+        self.clock: RealClock | SimulatedClock = REAL
+        self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
+        if job.network["clock"] == "simulated":
+            # One thread and deterministic kernels: the same job and seed give the same run, bit for bit.
+            torch.set_num_threads(1)
+            torch.use_deterministic_algorithms(True, warn_only=True)
 
     def link_rate_mbit(self) -> float | None:
         if self.profile is None or self.profile_epoch is None:
@@ -173,12 +182,15 @@ class Trainer:
         torch.manual_seed(self.t["seed"])  # identical initial weights (DDP also broadcasts them)
         model = build_model(self.t["model"], self.data.input_shape, self.data.classes, self.t["hiddenSize"])
         model.to(self.device)
+        if self.job.network["clock"] == "simulated":
+            self.clock = self._simulated_clock(model)
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          gradient_as_bucket_view=True, **ddp_options(self.job.compression, self.backend))
         sgd = self.t["optimizer"] == "sgd"  # momentum correction is SGD's: Adam keeps its own terms
         self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
                              momentum=self.t["momentum"] if sgd else 0.0,
-                             weight_decay=self.t["weightDecay"] if sgd else 0.0, null_wire=self.t["nullWire"])
+                             weight_decay=self.t["weightDecay"] if sgd else 0.0, null_wire=self.t["nullWire"],
+                             clock=self.clock)
         if not sgd:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
@@ -191,6 +203,30 @@ class Trainer:
                              f"than the {len(self.data.train_y)} training samples")
         n_eval = min(self.t["evalSamples"], len(self.data.test_y))
         self.eval_x, self.eval_y = self.data.test_x[:n_eval], self.data.test_y[:n_eval]
+
+    def _simulated_clock(self, model: torch.nn.Module) -> SimulatedClock:
+        """The modeled clock, its measured inputs measured once on rank 0 and broadcast (calibrate.py)."""
+        sim = self.job.network.get("simulation") or {}
+        given = [sim.get("computeSeconds"), sim.get("compressionSecondsPerMelement")]
+        measured = torch.tensor([-1.0 if v is None else float(v) for v in given], dtype=torch.float64)
+        if self.rank == 0 and None in given:
+            x = self.data.train_x[:self.t["batchSize"]].to(self.device)
+            y = self.data.train_y[:self.t["batchSize"]].to(self.device)
+            if given[0] is None:
+                measured[0] = calibrate.compute_seconds(model, x, y)
+            if given[1] is None:
+                measured[1] = calibrate.compression_seconds_per_melement(
+                    sum(p.numel() for p in model.parameters() if p.requires_grad))
+        if self.world > 1:
+            dist.broadcast(measured, 0)
+        compute, per_melement = (float(v) for v in measured)
+        latency = units.parse_duration(sim.get("latency", "0.05ms"))
+        self.simulation = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement,
+                           "latency": sim.get("latency", "0.05ms"), "jitter": sim.get("jitter", 0.0),
+                           "measured": [k for k, v in zip(("computeSeconds", "compressionSecondsPerMelement"), given,
+                                                          strict=True) if v is None]}
+        return SimulatedClock(self.profile, self.world, compute, per_melement, latency, sim.get("jitter", 0.0),
+                              self.t["seed"])
 
     # -- stopping ----------------------------------------------------------------------
     def _max_steps(self) -> int:
@@ -249,7 +285,13 @@ class Trainer:
         Locally the clock is published even without a profile: the queue
         sampler and the cross traffic run on it too. Every rank takes part in
         the broadcast whatever it has to publish: only rank 0 has the start file
-        of an unshaped local run, and a broadcast only it entered hung the run."""
+        of an unshaped local run, and a broadcast only it entered hung the run.
+        On the simulated clock the profile runs on that clock (no shaper): its epoch is the clock's 0."""
+        if self.clock.simulated:
+            self.profile_epoch = self.clock.wall()
+            if self.rank == 0:
+                emit("clock", profile_epoch=self.profile_epoch, simulated=True)
+            return
         now = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.broadcast(now, 0)
@@ -265,7 +307,7 @@ class Trainer:
             write_clock(self.start_file, self.profile_epoch, paused_at=self.state.train_time)
 
     def _restart_clock(self) -> None:
-        if self.profile_epoch is not None:
+        if self.profile_epoch is not None and not self.clock.simulated:
             self.profile_epoch = time.time() - self.state.train_time
             if self.start_file:
                 write_clock(self.start_file, self.profile_epoch)
@@ -297,7 +339,7 @@ class Trainer:
         self.start_profile_clock()
         max_steps = self._max_steps()
         samples_per_step = self.t["batchSize"] * self.world
-        start = time.perf_counter()
+        start, real_start = self.clock.now(), time.perf_counter()
         if self.job.compression.get("familyPilot") and self.world > 1:
             self.pilot = self.family_pilot()
         last_progress = 0.0
@@ -305,7 +347,7 @@ class Trainer:
         while not stop and s.step < max_steps:
             batches = list(self.batches.epoch(s.epoch))
             for i, (x, y) in enumerate(batches):
-                t0 = time.perf_counter()
+                t0 = self.clock.now()
                 self.hook.start_step()  # the step's compute starts at the forward pass
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 loss = F.cross_entropy(self.model(x), y)
@@ -315,8 +357,8 @@ class Trainer:
                 rec = self.hook.end_step() or {}
                 s.step += 1
                 s.last_loss = float(loss.detach())
-                step_time = time.perf_counter() - t0
-                s.train_time = time.perf_counter() - start - s.eval_seconds
+                step_time = self.clock.now() - t0
+                s.train_time = self.clock.now() - start - s.eval_seconds
                 self.timeline.add(
                     time=round(s.train_time, 4), step=s.step, epoch=s.epoch, loss=round(s.last_loss, 5),
                     density=rec.get("density"), rank=rec.get("rank") or None, bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
@@ -331,13 +373,13 @@ class Trainer:
                 sync_due = s.step < max_steps and (s.step % SYNC_EVERY == 0 or eval_due)
                 if eval_due or sync_due:
                     # Evaluating and agreeing to stop are measuring, not training: off the training clock.
-                    t_off = time.perf_counter()
+                    t_off = self.clock.now()
                     self._stop_clock()
                     if eval_due:
                         self._evaluate()
                     if sync_due:
                         stop = self._agree_stop()
-                    s.eval_seconds += time.perf_counter() - t_off
+                    s.eval_seconds += self.clock.now() - t_off
                     self._restart_clock()
                 if self.rank == 0 and time.perf_counter() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.perf_counter()
@@ -349,7 +391,8 @@ class Trainer:
         self._stop_clock()  # training is over: the profile, the cross traffic and the queue's summary stop here
         if s.final_accuracy is None or s.accuracies[-1][0] != s.step:
             self._evaluate()
-        return self._result(samples_per_step, time.perf_counter() - start)
+        # wall_seconds is real time on either clock: on the simulated one, what the study cost to run
+        return self._result(samples_per_step, time.perf_counter() - real_start)
 
     def _progress(self, max_steps: int, samples_per_step: int) -> None:
         s = self.state
@@ -431,9 +474,12 @@ class Trainer:
             "device": str(self.device),
             # on CUDA the collectives' times are CUDA events on the stream (a completion callback there means
             # only "enqueued"), elsewhere the wall clock at completion
-            "collective_timer": "cuda-events" if self.device.type == "cuda" else "wall-clock",
+            "collective_timer": ("modeled" if self.clock.simulated else
+                                 "cuda-events" if self.device.type == "cuda" else "wall-clock"),
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
             "family_pilot": self.pilot,
+            "clock": "simulated" if self.clock.simulated else "real",
+            "simulation": self.simulation,
         }
 
 

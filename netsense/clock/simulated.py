@@ -1,0 +1,167 @@
+"""A modeled clock: every rank runs the real training, compression, error feedback and controller over
+unshaped loopback collectives, and what each step *costs* comes from a model. Nothing sleeps: a
+communication-bound step takes the wall time of its compute, and the training clock advances by the model.
+
+The model of one step (every input is the same on every rank, so the ranks' clocks agree to the bit):
+
+- compute ``C``: the forward and backward pass, one number for the job (``computeSeconds``, or measured once
+  before training as the median of warm steps on rank 0 and broadcast: netsense.train.trainer);
+- the compressor's own work ``S`` (selecting, packing, decoding): ``compressionSecondsPerMelement`` x the
+  step's gradient elements on a compressed step (TopK or PowerSGD), 0 on a dense one; measured once like ``C``
+  (TopK's selection of 1% of the model's elements). PowerSGD's work is priced at that same rate: a stated
+  simplification, not a measurement of its matrix products;
+- each collective, in launch order, on the rank's link at the profile's rate at the step's start:
+  ``hops x hop_latency + wire_bytes x 8 / rate``, where ``wire_bytes`` is what this rank puts on the wire
+  (the algorithm counted, as the hooks count it: a ring all_reduce sends 2(p-1)/p of the tensor in 2(p-1)
+  hops, an all_gather (p-1) chunks in p-1 hops) and ``hop_latency`` the ``latency`` setting plus the
+  profile's one-way ``delay``. Every rank sends and receives at the rate at once (a ring), which is what a
+  per-host link of that rate carries both ways;
+- overlap as DDP's buckets allow: the forward pass is ``FORWARD_SHARE`` of ``C``; bucket ``i`` of ``n`` is
+  ready at ``C x (FORWARD_SHARE + (1 - FORWARD_SHARE) x (i+1)/n)`` plus its share of ``S``; the link serves the
+  collectives one at a time in launch order; a collective the hook waits for (PowerSGD's first all_reduce)
+  stalls the host until it completes. The step ends when both the host (``C + S`` + its stalls) and the link
+  are done.
+
+Not modeled: the shared topology and cross traffic (refused by validation), TCP's own dynamics (slow start
+after an idle gap, loss recovery: the emulator has them), contention between a rank's collectives and its
+compute for the CPU, and the pilot's forks (refused). ``jitter`` scales each collective's time by
+``1 + jitter x N(0, 1)`` (clipped at 0), from a generator seeded by the job's seed, the step and the
+collective, so every rank draws the same noise.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from netsense.clock import StepCost
+from netsense.shaping.profiles import Profile
+
+FORWARD_SHARE = 1 / 3  # the forward pass's share of a step's compute (backward ~2x forward)
+UNSHAPED_BPS = 100e9  # an unshaped simulated link: fast enough that no model here waits on it
+
+
+def hops(kind: str, world: int) -> int:
+    """The sequential sends a collective's ring algorithm takes: 2(p-1) for all_reduce, p-1 for all_gather."""
+    if world <= 1:
+        return 0
+    if kind == "all_reduce":
+        return 2 * (world - 1)
+    if kind == "all_gather":
+        return world - 1
+    raise ValueError(f"no model for collective {kind!r}")
+
+
+def collective_seconds(kind: str, wire_bytes: float, world: int, bps: float, hop_latency_s: float) -> float:
+    """One collective's time on a link of ``bps``: its hops' latency and this rank's wire bytes at the rate."""
+    if world <= 1:
+        return 0.0
+    return hops(kind, world) * hop_latency_s + wire_bytes * 8 / bps
+
+
+@dataclass
+class Collective:
+    kind: str
+    wire_bytes: float
+    blocking: bool
+
+
+@dataclass
+class ModeledTimer:
+    """A step's collectives as the hooks launch them (kind, wire bytes, whether the host waits): priced by the
+    clock when the step ends. Stands in for netsense.compression.timing.IntervalTimer."""
+
+    collectives: list[Collective] = field(default_factory=list)
+
+    def start(self, kind: str = "all_reduce", wire_bytes: float = 0.0) -> int:
+        self.collectives.append(Collective(kind, wire_bytes, blocking=False))
+        return len(self.collectives) - 1
+
+    def stop(self, token: int) -> None:
+        pass
+
+    def wait_for(self, run, kind: str = "all_reduce", wire_bytes: float = 0.0) -> None:
+        run()
+        self.collectives.append(Collective(kind, wire_bytes, blocking=True))
+
+    def busy(self) -> float:
+        return 0.0  # the selection timer's: the clock prices the compressor's work itself
+
+    def exposed(self) -> float:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A step on the modeled clock: its length, the collectives' busy time (the union of their intervals) and
+    how long the host waited for the network (the step less its compute and selection)."""
+
+    seconds: float
+    busy: float
+    exposed: float
+
+
+def schedule(collectives: list[Collective], compute_s: float, selection_s: float, durations: list[float]) -> Schedule:
+    """Lay one step's collectives out on the link as DDP's buckets allow (module docstring)."""
+    n = len(collectives)
+    link_free, stalled, busy = 0.0, 0.0, 0.0
+    for i, (c, seconds) in enumerate(zip(collectives, durations, strict=True)):
+        share = (i + 1) / n
+        ready = compute_s * (FORWARD_SHARE + (1 - FORWARD_SHARE) * share) + selection_s * share + stalled
+        start = max(ready, link_free)
+        end = start + seconds
+        busy += seconds  # one at a time on the link: the union is the sum
+        link_free = end
+        if c.blocking:
+            stalled += end - ready
+    host = compute_s + selection_s + stalled
+    total = max(host, link_free)
+    return Schedule(total, busy, total - compute_s - selection_s)
+
+
+class SimulatedClock:
+    """The training clock a model keeps (module docstring): ``now`` advances only when a step settles."""
+
+    simulated = True
+
+    def __init__(self, profile: Profile | None, world: int, compute_s: float, compression_s_per_melement: float,
+                 latency_s: float, jitter: float = 0.0, seed: int = 0):
+        self.profile, self.world = profile, world
+        self.compute_s, self.compression_s_per_element = compute_s, compression_s_per_melement / 1e6
+        self.hop_latency_s = latency_s + (profile.impairments.delay_s if profile else 0.0)
+        self.jitter, self.seed = jitter, seed
+        self.t = 0.0
+        self.steps = 0
+
+    def now(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return self.t  # the profile's epoch on this clock: training starts at 0
+
+    def bps_at(self, t: float) -> float:
+        return self.profile.rate_at(t) if self.profile is not None else UNSHAPED_BPS
+
+    def timer(self, device: torch.device) -> ModeledTimer:
+        return ModeledTimer()
+
+    def durations(self, collectives: list[Collective], bps: float) -> list[float]:
+        out = []
+        for i, c in enumerate(collectives):
+            seconds = collective_seconds(c.kind, c.wire_bytes, self.world, bps, self.hop_latency_s)
+            if self.jitter:
+                noise = random.Random(hash((self.seed, self.steps, i))).gauss(0.0, 1.0)
+                seconds *= max(0.0, 1 + self.jitter * noise)
+            out.append(seconds)
+        return out
+
+    def settle(self, step_start: float, timer: ModeledTimer, selection_timer: ModeledTimer,
+               elements_total: float, compressed: bool) -> StepCost:
+        selection = self.compression_s_per_element * elements_total if compressed else 0.0
+        step = schedule(timer.collectives, self.compute_s, selection,
+                        self.durations(timer.collectives, self.bps_at(self.t)))
+        self.t += step.seconds
+        self.steps += 1
+        return StepCost(step.busy, self.compute_s, selection)

@@ -1,0 +1,62 @@
+"""The hosts of a run on the simulated clock: every rank a process of this machine, the collectives over
+loopback, nothing shaped (the clock prices each step: netsense.clock.simulated). Needs no root and makes no
+namespace, so simulated runs may go side by side; each has its own rendezvous port."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Sequence
+from typing import IO
+
+from netsense.emulation.cluster import _signal_group
+
+
+class LoopbackHosts:
+    """What the runner asks of a LocalCluster (spawn, address, kill_processes), for processes of this host."""
+
+    start_file = None  # no shaper follows a clock: the trainer's clock is the model's
+    follower = None
+
+    def __init__(self, hosts: int):
+        self.hosts = hosts
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self) -> LoopbackHosts:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill_processes()
+
+    @staticmethod
+    def address(i: int) -> str:
+        return "127.0.0.1"
+
+    def spawn(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None,
+              stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:
+        """Start host i's process in a process group of its own (so it can be killed whole)."""
+        proc = subprocess.Popen(list(argv), env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.processes.append(proc)
+        return proc
+
+    def kill_processes(self, grace_s: float = 5.0) -> None:
+        import signal
+
+        for p in self.processes:
+            if p.poll() is None:
+                _signal_group(p, signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait(timeout=5)
+        self.processes.clear()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the kernel's choice): a simulated run's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,48 @@
+"""What the simulated clock takes as measured inputs (netsense.clock.simulated): a step's compute and the
+compressor's work per element, each measured once on this machine before training, on rank 0, and broadcast,
+so every rank's clock runs on the same numbers. Recorded in result.json; a re-run given them
+(spec.network.simulation) reproduces the run bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from netsense.compression.selection import topk_indices
+
+WARMUP, TIMED = 2, 7
+
+
+def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The median of TIMED warm forward and backward passes of a copy of ``model`` on one batch (the model and
+    the RNG as they were: the training that follows is the one it would have been)."""
+    rng = torch.get_rng_state()
+    twin = copy.deepcopy(model)
+    times = []
+    for i in range(WARMUP + TIMED):
+        t0 = time.perf_counter()
+        twin.zero_grad(set_to_none=False)
+        F.cross_entropy(twin(x), y).backward()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    torch.set_rng_state(rng)
+    return statistics.median(times)
+
+
+def compression_seconds_per_melement(numel: int, density: float = 0.01) -> float:
+    """The median time of TopK's selection (netsense.compression.selection) of ``density`` of ``numel``
+    elements, per million elements."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(numel, generator=g)
+    k = max(1, int(density * numel))
+    times = []
+    for i in range(WARMUP + TIMED):
+        t0 = time.perf_counter()
+        topk_indices(values.abs(), k, g)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) / (numel / 1e6)

@@ -1,0 +1,190 @@
+"""The simulated clock (netsense.clock.simulated): its model of a step, checked against the formulas it states,
+and a run on it end to end: deterministic, the profile on its time axis, the controller reading its rates."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from netsense.clock.simulated import (
+    FORWARD_SHARE,
+    Collective,
+    ModeledTimer,
+    SimulatedClock,
+    collective_seconds,
+    schedule,
+)
+from netsense.shaping.profiles import build_profile
+from netsense.spec import SpecError, parse_spec
+from netsense.spec.job import check_cluster
+
+# ---- one collective, one step ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "world", "hops"), [("all_reduce", 2, 2), ("all_reduce", 4, 6), ("all_gather", 4, 3),
+                                                     ("all_gather", 8, 7)])
+def test_a_collective_costs_its_ring_hops_latency_and_its_wire_bytes_at_the_rate(kind, world, hops):
+    wire, bps, hop = 1_000_000, 100e6, 0.001
+    assert collective_seconds(kind, wire, world, bps, hop) == pytest.approx(hops * hop + wire * 8 / bps)
+    assert collective_seconds(kind, wire, 1, bps, hop) == 0.0  # one rank sends nothing
+
+
+def test_an_unknown_collective_has_no_model():
+    with pytest.raises(ValueError, match="no model for collective 'broadcast'"):
+        collective_seconds("broadcast", 1, 2, 1e6, 0.0)
+
+
+def test_collectives_overlap_the_backward_pass_as_their_buckets_allow():
+    """Two buckets, each ready during backward; the link serves them in turn: what fits before the host is done
+    is hidden, the rest is the step's wait."""
+    compute = 0.3  # forward 0.1, backward 0.2: bucket 0 ready at 0.2, bucket 1 at 0.3
+    quick = schedule([Collective("all_reduce", 0, False)] * 2, compute, 0.0, [0.05, 0.05])
+    assert quick.seconds == pytest.approx(0.35) and quick.busy == pytest.approx(0.1)
+    assert quick.exposed == pytest.approx(0.05)  # the last bucket's collective, after the backward pass
+    slow = schedule([Collective("all_reduce", 0, False)] * 2, compute, 0.0, [0.5, 0.5])
+    assert slow.seconds == pytest.approx(0.2 + 1.0)  # the link, busy from the first bucket on
+    assert slow.busy == pytest.approx(1.0) and slow.exposed == pytest.approx(0.9)
+    assert FORWARD_SHARE == pytest.approx(1 / 3)
+
+
+def test_a_collective_the_host_waits_for_stalls_the_rest_of_the_step():
+    """PowerSGD's first all_reduce (blocking) then its second (async), one bucket: the host waits for the first."""
+    compute = 0.3
+    step = schedule([Collective("all_reduce", 0, True), Collective("all_reduce", 0, False)], compute, 0.0, [0.1, 0.1])
+    # first: ready 0.2, done 0.3 (the host stalls 0.1); second: ready 0.3 + 0.1, done 0.5; host done at 0.4
+    assert step.seconds == pytest.approx(0.5) and step.busy == pytest.approx(0.2)
+
+
+def _settle(clock: SimulatedClock, wire_bytes: float, compressed: bool = False, elements: float = 1e6) -> float:
+    before = clock.now()
+    timer = ModeledTimer()
+    timer.start("all_reduce", wire_bytes)
+    cost = clock.settle(before, timer, ModeledTimer(), elements, compressed)
+    assert cost.compute_seconds == clock.compute_s
+    return clock.now() - before
+
+
+def test_the_clock_advances_by_the_model_and_a_rate_change_lands_at_its_simulated_time():
+    profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "80Mbit"}, {"at": "1s", "rate": "8Mbit"}]})
+    clock = SimulatedClock(profile, world=2, compute_s=0.01, compression_s_per_melement=0.0, latency_s=0.0)
+    wire = 1_000_000  # 0.1 s at 80 Mbit, 1 s at 8
+    steps = []
+    while clock.now() < 3:
+        steps.append((clock.now(), _settle(clock, wire)))
+    fast = [s for t, s in steps if t < 1]
+    slow = [s for t, s in steps if t >= 1]
+    # bucket ready at 0.01: 0.01 + 0.1 a step, until the first step that starts at or after 1 s
+    assert fast == pytest.approx([0.11] * len(fast)) and len(fast) == 10
+    assert slow == pytest.approx([1.01] * len(slow))
+
+
+def test_a_compressed_step_pays_the_compressors_work_per_element():
+    clock = SimulatedClock(None, world=2, compute_s=0.01, compression_s_per_melement=0.02, latency_s=0.0)
+    dense, sparse = _settle(clock, 0), _settle(clock, 0, compressed=True, elements=3e6)
+    assert sparse - dense == pytest.approx(0.06)
+
+
+def test_jitter_is_the_same_on_every_rank_and_every_rerun_and_differs_between_collectives():
+    def durations(seed: int) -> list[float]:
+        clock = SimulatedClock(None, 2, 0.01, 0.0, 0.0, jitter=0.2, seed=seed)
+        return clock.durations([Collective("all_reduce", 1e6, False)] * 4, 1e8)
+
+    assert durations(1) == durations(1)
+    assert len(set(durations(1))) == 4 and durations(1) != durations(2)
+    assert all(d >= 0 for d in durations(3))
+
+
+# ---- the spec ---------------------------------------------------------------------------------------------------
+
+BASE = {"workers": 2, "training": {"model": "mlp", "dataset": "synthetic", "maxSteps": 5}}
+
+
+@pytest.mark.parametrize(("network", "field", "why"), [
+    ({"clock": "simulated", "simulation": {"computeSeconds": -1}}, "spec.network.simulation.computeSeconds", "> 0"),
+    ({"clock": "simulated", "simulation": {"computeSeconds": 0}}, "spec.network.simulation.computeSeconds", "> 0"),
+    ({"clock": "simulated", "simulation": {"jitter": 2}}, "spec.network.simulation.jitter", "<= 1"),
+    ({"clock": "simulated", "simulation": {"latency": 5}}, "spec.network.simulation.latency", "unit"),
+    ({"clock": "simulated", "simulation": {"device": "h100"}}, "spec.network.simulation.device", "unknown"),
+    ({"simulation": {"computeSeconds": 0.1}}, "spec.network.simulation", "needs clock: simulated"),
+    ({"clock": "sim"}, "spec.network.clock", "real"),
+    ({"clock": "simulated", "topology": "shared"}, "spec.network.topology", "per-host links only"),
+    ({"clock": "simulated", "profile": {"type": "static", "rate": "1Gbit", "loss": "1%"}}, "spec.network.profile",
+     "no loss"),
+])
+def test_bad_simulation_settings_are_refused_naming_the_field(network, field, why):
+    with pytest.raises(SpecError) as e:
+        parse_spec({**BASE, "network": network}, "j")
+    assert field in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_the_pilot_is_refused_on_the_simulated_clock():
+    spec = {**BASE, "network": {"clock": "simulated"},
+            "compression": {"method": "tta", "lowRanks": [1], "familyPilot": True}}
+    with pytest.raises(SpecError, match="spec.compression.familyPilot: the pilot's forks are not modeled"):
+        parse_spec(spec, "j")
+
+
+def test_a_cluster_refuses_the_simulated_clock():
+    job = parse_spec({**BASE, "network": {"clock": "simulated"}}, "j")
+    with pytest.raises(SpecError, match="spec.network.clock: simulated is a study tool"):
+        check_cluster(job)
+
+
+# ---- a run on it ------------------------------------------------------------------------------------------------
+
+SIMULATED_JOB = {
+    "apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "sim"},
+    "spec": {"workers": 2,
+             "training": {"model": "mlp", "dataset": "synthetic", "maxSteps": 40, "batchSize": 32, "evalEvery": 20,
+                          "targetAccuracy": 0.3},
+             "compression": {"method": "netsense"},
+             "network": {"clock": "simulated",
+                         "simulation": {"computeSeconds": 0.004, "compressionSecondsPerMelement": 0.005},
+                         "profile": {"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"},
+                                                                {"at": "0.5s", "rate": "20Mbit"}]}}}}
+
+
+def _run(tmp_path, name: str, job: dict) -> tuple[dict, list[dict]]:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    out = tmp_path / name
+    done = subprocess.run([sys.executable, "-m", "netsense", "run", str(path), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out / "timeline.csv") as fh:
+        return json.loads((out / "result.json").read_text()), list(csv.DictReader(fh))
+
+
+@pytest.mark.gloo
+def test_a_simulated_run_is_deterministic_follows_its_profile_and_its_controller_senses_the_modeled_rate(tmp_path):
+    """Two runs of one job on the simulated clock (its measured inputs given): the same steps, times, decisions
+    and accuracies, to the bit; each step at the profile's rate at its simulated time; the paper's controller's
+    bandwidth estimate follows the modeled link. Needs no root: nothing is shaped."""
+    first, rows = _run(tmp_path, "a", SIMULATED_JOB)
+    second, rows_again = _run(tmp_path, "b", SIMULATED_JOB)
+    assert rows == rows_again
+    for key in ("train_seconds", "steps", "accuracy_curve", "time_to_accuracy_s", "mean_density", "final_loss"):
+        assert first[key] == second[key], key
+    assert first["clock"] == "simulated" and first["collective_timer"] == "modeled"
+    assert first["simulation"]["measured"] == []  # both inputs given: nothing measured, nothing to vary
+    # No namespace, no shaper: a simulated run is a process tree of this machine.
+    assert "tcp_congestion_control" not in first
+    times = [float(r["time"]) for r in rows]
+    assert times == sorted(times) and first["train_seconds"] == pytest.approx(times[-1], abs=1e-3)
+    for prev, row in zip(rows, rows[1:], strict=False):
+        started = float(prev["time"])  # a step starts where the one before ended
+        rate = 200 if started < 0.5 else 20
+        assert float(row["link_rate_mbit"]) == (200 if float(row["time"]) < 0.5 else 20)
+        bytes_, comm = float(row["bytes"]), float(row["comm_s"])
+        # its collectives at the rate in force when it started, plus their hops' latency (0.05 ms a hop)
+        hops = (comm - bytes_ * 8 / (rate * 1e6)) / 0.05e-3
+        assert 1 <= round(hops) <= 40 and hops == pytest.approx(round(hops), abs=1e-3), (row, rate, hops)
+    sensed = [(float(r["time"]), float(r["est_btlbw_mbit"])) for r in rows if r["est_btlbw_mbit"]]
+    assert [est for t, est in sensed if t < 0.45][-1] == pytest.approx(200, rel=0.05)
+    assert sensed[-1][1] == pytest.approx(20, rel=0.05), f"the controller did not sense the modeled 20 Mbit: {sensed}"
