@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="with --cluster: N cells (jobs) at once (default: as many as the cluster's free cpu and "
                         "memory hold now, for the grid's pod requests); Ctrl-C deletes every running cell's job. "
-                        "Locally cells always run one at a time: they share this machine's cores")
+                        "Locally cells run one at a time (they share this machine's cores), unless every cell is on "
+                        "the simulated clock (spec.network.clock: simulated), whose times no load can change")
     s.add_argument("--seeds", metavar="S,S,...", help="run only these of the grid's seeds (a later run with the "
                    "same --out reuses them)")
     s.add_argument("--output-claim", metavar="CLAIM",

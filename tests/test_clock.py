@@ -123,6 +123,12 @@ def test_bad_simulation_settings_are_refused_naming_the_field(network, field, wh
     assert field in str(e.value) and why in str(e.value), str(e.value)
 
 
+def test_more_than_one_thread_is_refused_on_the_simulated_clock():
+    spec = {**BASE, "training": {**BASE["training"], "threads": 2}, "network": {"clock": "simulated"}}
+    with pytest.raises(SpecError, match="spec.training.threads: the simulated clock runs one thread a worker"):
+        parse_spec(spec, "j")
+
+
 def test_the_pilot_is_refused_on_the_simulated_clock():
     spec = {**BASE, "network": {"clock": "simulated"},
             "compression": {"method": "tta", "lowRanks": [1], "familyPilot": True}}
@@ -188,3 +194,28 @@ def test_a_simulated_run_is_deterministic_follows_its_profile_and_its_controller
     sensed = [(float(r["time"]), float(r["est_btlbw_mbit"])) for r in rows if r["est_btlbw_mbit"]]
     assert [est for t, est in sensed if t < 0.45][-1] == pytest.approx(200, rel=0.05)
     assert sensed[-1][1] == pytest.approx(20, rel=0.05), f"the controller did not sense the modeled 20 Mbit: {sensed}"
+
+
+def _grid(tmp_path, clock: str) -> str:
+    grid = {"name": "sim", "base": {"workers": 2, "training": {"model": "mlp", "hiddenSize": 64, "dataset": "digits",
+                                                               "batchSize": 32, "maxSteps": 10, "evalEvery": 5,
+                                                               "targetAccuracy": 0.5},
+                                    "network": {"clock": clock}},
+            "methods": {"topk": {"method": "topk", "density": 0.01}},
+            "profiles": {"static-20": {"type": "static", "rate": "20Mbit"}}, "seeds": [0, 1]}
+    path = tmp_path / f"{clock}.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return str(path)
+
+
+@pytest.mark.gloo
+def test_bench_runs_simulated_cells_side_by_side_and_refuses_that_for_real_ones(tmp_path):
+    from netsense.bench import run_bench
+
+    with pytest.raises(SpecError, match="--parallel: 2: cells run side by side on a cluster"):
+        run_bench(_grid(tmp_path, "real"), str(tmp_path / "real"), parallel=2)
+    assert run_bench(_grid(tmp_path, "simulated"), str(tmp_path / "out"), parallel=2) == 0
+    results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/result.json")]
+    assert len(results) == 2 and all(r["status"] == "Succeeded" and r["clock"] == "simulated" for r in results)
+    measured = {r["simulation"]["computeSeconds"] for r in results}
+    assert all(m > 0 for m in measured)  # each cell measured its own inputs, and recorded them

@@ -26,13 +26,15 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     from netsense.spec import SpecError
     from netsense.spec.schema import Issue
 
-    if parallel is not None and (parallel < 1 or (parallel > 1 and not cluster)):
-        raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side only on a cluster (--cluster), "
-                               "at least 1")])
     if output_claim and not cluster:
         raise SpecError([Issue("--output-claim", "a volume for cluster cells (--cluster); a local cell writes its "
                                "own directory")])
     name, todo, grid = load_grid(grid_path, seeds)
+    # On the simulated clock a cell's time is the model's, whatever else runs: cells may share the cores.
+    simulated = all((c.job["spec"].get("network") or {}).get("clock") == "simulated" for c in todo)
+    if parallel is not None and (parallel < 1 or (parallel > 1 and not (cluster or simulated))):
+        raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side on a cluster (--cluster) or on "
+                               "the simulated clock (every cell's spec.network.clock: simulated); at least 1")])
     if parallel is None:
         parallel = _parallel_that_fits(todo) if cluster else 1
     if grid.get("order", "shuffled") == "shuffled":

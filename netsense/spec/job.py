@@ -185,6 +185,9 @@ def _check_null_wire(spec: dict, path: str, errors: Errors) -> None:
 
 def _check_simulated(spec: dict, path: str, errors: Errors) -> None:
     c, n = spec.get("compression") or {}, spec.get("network") or {}
+    if n.get("clock") == "simulated" and (spec.get("training") or {}).get("threads", 1) != 1:
+        errors.add(_join(path, "training.threads"), "the simulated clock runs one thread a worker (so that a run "
+                                                    "is the same bit for bit): leave it at 1")
     if n.get("clock") == "simulated" and c.get("familyPilot"):
         errors.add(_join(path, "compression.familyPilot"), "the pilot's forks are not modeled on the simulated "
                                                            "clock: set it false, or use clock: real")

@@ -161,8 +161,8 @@ class Trainer:
         self.clock: RealClock | SimulatedClock = REAL
         self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
         if job.network["clock"] == "simulated":
-            # One thread and deterministic kernels: the same job and seed give the same run, bit for bit.
-            torch.set_num_threads(1)
+            # Deterministic kernels (and one thread, which validation holds it to): the same job and seed give
+            # the same run, bit for bit.
             torch.use_deterministic_algorithms(True, warn_only=True)
 
     def link_rate_mbit(self) -> float | None:

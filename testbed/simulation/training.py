@@ -1,0 +1,112 @@
+"""Validation of the simulated clock, layer (b): the same grid on both clocks, cell by cell (issue 61).
+
+    sudo .venv/bin/python testbed/simulation/training.py GRID --out DIR [--seeds 0,1,2]
+    .venv/bin/python testbed/simulation/training.py GRID --out DIR --print   # the table from DIR, nothing run
+
+Runs GRID as written (clock: real, the emulated link) into DIR/real and with every cell on the simulated clock
+into DIR/simulated (two cells at once: its times do not depend on the load), each resumable. Fixed methods
+train the same on both clocks (one thread, the same seed: only the clock differs), so each pair must reach the
+target at the same step; the time to reach it is then the time model's alone. For each (method, scenario):
+whether the steps agreed on every seed, and the ratio simulated / emulated time to accuracy as a 95% t
+interval over the seeds (netsense.bench.stats.t_interval). Writes DIR/pairs.jsonl (a record per seed) and
+DIR/table.md. Adaptive methods decide on what each clock tells them, so their steps may differ: the table
+says so rather than pairing their times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from netsense.bench import run_bench  # noqa: E402
+from netsense.bench.stats import reached_at, t_interval  # noqa: E402
+
+
+def simulated_grid(grid_path: str, out: str) -> str:
+    with open(grid_path) as fh:
+        grid = yaml.safe_load(fh)
+    grid["name"] = grid["name"] + "-simulated"
+    network = grid["base"].setdefault("network", {})
+    network["clock"] = "simulated"
+    path = os.path.join(out, "simulated-grid.yaml")
+    with open(path, "w") as fh:
+        yaml.safe_dump(grid, fh)
+    return path
+
+
+def results(directory: str) -> dict[str, dict]:
+    with open(os.path.join(directory, "summary.json")) as fh:
+        return {r["job"]: r for r in json.load(fh)}
+
+
+def pairs(out: str) -> list[dict]:
+    real, sim = results(os.path.join(out, "real")), results(os.path.join(out, "simulated"))
+    records = []
+    for job, r in sorted(real.items()):
+        s = sim.get(job)
+        if s is None:
+            continue
+        a, b = reached_at(r), reached_at(s)
+        records.append({"job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
+                         "tta_real": a and a[1], "tta_simulated": b and b[1],
+                         "step_seconds_real": r["train_seconds"] / max(1, r["steps"]),
+                         "step_seconds_simulated": s["train_seconds"] / max(1, s["steps"]),
+                         "simulation": s.get("simulation")})
+    return records
+
+
+def cell_key(job: str) -> str:
+    return job.rsplit("-s", 1)[0]
+
+
+def table(records: list[dict]) -> str:
+    lines = ["| cell (method, scenario) | seeds | same step to target | sim / emulated time to target [95% CI] | "
+             "sim / emulated s a step (mean) |", "| --- | ---: | :---: | ---: | ---: |"]
+    by_cell: dict[str, list[dict]] = {}
+    for r in records:
+        by_cell.setdefault(cell_key(r["job"]), []).append(r)
+    for cell, rs in sorted(by_cell.items()):
+        same = all(r["steps_real"] == r["steps_simulated"] for r in rs)
+        ratios = [r["tta_simulated"] / r["tta_real"] for r in rs if r["tta_real"] and r["tta_simulated"]]
+        low, high, _ = t_interval(ratios) if ratios else (None, None, None)
+        mean = sum(ratios) / len(ratios) if ratios else None
+        interval = "-" if mean is None else (f"{mean:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low else " (no interval)"))
+        per_step = sum(r["step_seconds_simulated"] / r["step_seconds_real"] for r in rs) / len(rs)
+        lines.append(f"| {cell} | {len(rs)} | {'yes' if same else 'no'} | {interval} | {per_step:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("grid")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seeds", help="S,S,...: only these of the grid's seeds")
+    ap.add_argument("--print", action="store_true", help="the table from --out's records; nothing is run")
+    args = ap.parse_args()
+    if not args.print:
+        os.makedirs(args.out, exist_ok=True)
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        run_bench(simulated_grid(args.grid, args.out), os.path.join(args.out, "simulated"), seeds=seeds, parallel=2)
+        run_bench(args.grid, os.path.join(args.out, "real"), seeds=seeds)
+        records = pairs(args.out)
+        with open(os.path.join(args.out, "pairs.jsonl"), "w") as fh:
+            for r in records:
+                fh.write(json.dumps(r) + "\n")
+    with open(os.path.join(args.out, "pairs.jsonl")) as fh:
+        md = table([json.loads(line) for line in fh])
+    if not args.print:
+        with open(os.path.join(args.out, "table.md"), "w") as fh:
+            fh.write(f"# The simulated clock against the emulator, training (grid {args.grid})\n\n"
+                     "Produced by `testbed/simulation/training.py`.\n\n" + md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
