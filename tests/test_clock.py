@@ -14,6 +14,7 @@ import yaml
 
 from netsense.clock.simulated import (
     FORWARD_SHARE,
+    FRAMING,
     Collective,
     ModeledTimer,
     SimulatedClock,
@@ -31,7 +32,7 @@ from netsense.spec.job import check_cluster
                                                      ("all_gather", 8, 7)])
 def test_a_collective_costs_its_ring_hops_latency_and_its_wire_bytes_at_the_rate(kind, world, hops):
     wire, bps, hop = 1_000_000, 100e6, 0.001
-    assert collective_seconds(kind, wire, world, bps, hop) == pytest.approx(hops * hop + wire * 8 / bps)
+    assert collective_seconds(kind, wire, world, bps, hop) == pytest.approx(hops * hop + wire * FRAMING * 8 / bps)
     assert collective_seconds(kind, wire, 1, bps, hop) == 0.0  # one rank sends nothing
 
 
@@ -73,7 +74,7 @@ def _settle(clock: SimulatedClock, wire_bytes: float, compressed: bool = False, 
 def test_the_clock_advances_by_the_model_and_a_rate_change_lands_at_its_simulated_time():
     profile = build_profile({"type": "steps", "steps": [{"at": "0s", "rate": "80Mbit"}, {"at": "1s", "rate": "8Mbit"}]})
     clock = SimulatedClock(profile, world=2, compute_s=0.01, compression_s_per_melement=0.0, latency_s=0.0)
-    wire = 1_000_000  # 0.1 s at 80 Mbit, 1 s at 8
+    wire = 1_000_000 / FRAMING  # 0.1 s at 80 Mbit, 1 s at 8
     steps = []
     while clock.now() < 3:
         steps.append((clock.now(), _settle(clock, wire)))
@@ -189,11 +190,12 @@ def test_a_simulated_run_is_deterministic_follows_its_profile_and_its_controller
         assert float(row["link_rate_mbit"]) == (200 if float(row["time"]) < 0.5 else 20)
         bytes_, comm = float(row["bytes"]), float(row["comm_s"])
         # its collectives at the rate in force when it started, plus their hops' latency (0.05 ms a hop)
-        hops = (comm - bytes_ * 8 / (rate * 1e6)) / 0.05e-3
+        hops = (comm - bytes_ * FRAMING * 8 / (rate * 1e6)) / 0.05e-3
         assert 1 <= round(hops) <= 40 and hops == pytest.approx(round(hops), abs=1e-3), (row, rate, hops)
     sensed = [(float(r["time"]), float(r["est_btlbw_mbit"])) for r in rows if r["est_btlbw_mbit"]]
-    assert [est for t, est in sensed if t < 0.45][-1] == pytest.approx(200, rel=0.05)
-    assert sensed[-1][1] == pytest.approx(20, rel=0.05), f"the controller did not sense the modeled 20 Mbit: {sensed}"
+    # what it senses is payload over time: the rate less the framing
+    assert [est for t, est in sensed if t < 0.45][-1] == pytest.approx(200 / FRAMING, rel=0.05)
+    assert sensed[-1][1] == pytest.approx(20 / FRAMING, rel=0.05), f"the controller sensed {sensed}"
 
 
 def _grid(tmp_path, clock: str) -> str:

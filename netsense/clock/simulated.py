@@ -11,7 +11,8 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
   (TopK's selection of 1% of the model's elements). PowerSGD's work is priced at that same rate: a stated
   simplification, not a measurement of its matrix products;
 - each collective, in launch order, on the rank's link at the profile's rate at the step's start:
-  ``hops x hop_latency + wire_bytes x 8 / rate``, where ``wire_bytes`` is what this rank puts on the wire
+  ``hops x hop_latency + wire_bytes x FRAMING x 8 / rate``, where ``FRAMING`` is what Ethernet, IP and TCP
+  add to each full segment (a link's rate counts frames, not payload), and ``wire_bytes`` is what this rank puts on the wire
   (the algorithm counted, as the hooks count it: a ring all_reduce sends 2(p-1)/p of the tensor in 2(p-1)
   hops, an all_gather (p-1) chunks in p-1 hops) and ``hop_latency`` the ``latency`` setting plus the
   profile's one-way ``delay``. Every rank sends and receives at the rate at once (a ring), which is what a
@@ -40,6 +41,9 @@ from netsense.clock import StepCost
 from netsense.shaping.profiles import Profile
 
 FORWARD_SHARE = 1 / 3  # the forward pass's share of a step's compute (backward ~2x forward)
+# A 1500-byte MTU's TCP segment carries 1448 bytes (20 IP + 32 TCP with timestamps); its frame is 1514 bytes as
+# the qdisc (and a switch port's line rate) counts it: the bytes a link carries per byte of payload.
+FRAMING = 1514 / 1448
 UNSHAPED_BPS = 100e9  # an unshaped simulated link: fast enough that no model here waits on it
 
 
@@ -58,7 +62,7 @@ def collective_seconds(kind: str, wire_bytes: float, world: int, bps: float, hop
     """One collective's time on a link of ``bps``: its hops' latency and this rank's wire bytes at the rate."""
     if world <= 1:
         return 0.0
-    return hops(kind, world) * hop_latency_s + wire_bytes * 8 / bps
+    return hops(kind, world) * hop_latency_s + wire_bytes * FRAMING * 8 / bps
 
 
 @dataclass
