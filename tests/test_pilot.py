@@ -140,7 +140,7 @@ def test_the_pilot_reading_sets_topks_price_against_powersgds_and_with_it_the_fa
         c.read_family_pilot(2.2, pilot.DENSITY, pilot.RANK)
         assert c.steps_factor(pilot.DENSITY) / c.lowrank_steps_factor(pilot.RANK) == pytest.approx(2.2)
         assert c.sparse_density() == pytest.approx(density)
-        assert c.decide() == Decision(dense=False, rank=4)
+        assert c.decide() == Decision(dense=False, rank=4, fp16=True)
         c.read_family_pilot(1.0, pilot.DENSITY, pilot.RANK)  # a second reading replaces the first
         assert c.steps_factor(pilot.DENSITY) == pytest.approx(c.lowrank_steps_factor(pilot.RANK))
 

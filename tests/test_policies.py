@@ -675,9 +675,9 @@ def test_the_value_encoding_is_a_setting_every_sparse_method_honours():
 
 def test_tta_chooses_powersgd_where_its_steps_and_bytes_cost_least_and_leaves_it_when_its_work_costs_more():
     """lowRanks: PowerSGD priced like TopK, (1 + lowRankKnee/r) x the dense steps x its step time. A 1000 x 1000
-    matrix at 20 Mbit/s with 0.2 s of compute: rank 4 sends 32 kB a step (13 ms), TopK at d* ~1.6% sends 95 kB
-    (38 ms) and needs 1.19x the dense steps against PowerSGD's 1.1x (rank 2: 1.2x, rank 1: 1.4x): rank 4 is
-    cheapest while its own work is unmeasured. Once a rank-4 step took 0.1 s of PowerSGD's own work, every rank costs more than TopK."""
+    matrix at 20 Mbit/s with 0.2 s of compute: rank 4 sends 16 kB a step (fp16 factors, tta's values: 6 ms),
+    TopK at d* ~1.6% sends 95 kB (38 ms) and needs 1.19x the dense steps against PowerSGD's 1.1x (rank 2: 1.2x,
+    rank 1: 1.4x): rank 4 is cheapest while its own work is unmeasured. Once a rank-4 step took 0.1 s of PowerSGD's own work, every rank costs more than TopK."""
     n, world, bw = 1_000_000, 2, 20e6 / 8
     ranks = {r: ([(1000, 1000)], 0) for r in (1, 2, 4)}
     c = tta(n, world, probe_every=1000, low_ranks=ranks, lowrank_knee=0.4)
@@ -687,8 +687,8 @@ def test_tta_chooses_powersgd_where_its_steps_and_bytes_cost_least_and_leaves_it
     costs = {r: c.predicted_cost(Decision(dense=False, rank=r)) for r in ranks}
     assert min(costs, key=costs.get) == 4
     topk = Decision(density=c.sparse_density(), fp16=True, dense=False)
-    assert costs[4] < c.predicted_cost(topk) < costs[1]
-    wire = dense_allreduce_bytes(4 * 2000, world)  # the P's and the Q's of rank 4
+    assert costs[4] < c.predicted_cost(topk) and costs[4] < costs[2] < costs[1]
+    wire = dense_allreduce_bytes(4 * 2000, world, fp16=True)  # the P's and the Q's of rank 4
     c.update(StepMeasurement(wire, wire, wire / bw, 0.2, 1.0, selection_seconds=0.5, elements_sent=8000))
     assert not c.lowrank_cost.points, "the first PowerSGD step's one-time costs are not priced"
     c.update(StepMeasurement(wire, wire, wire / bw, 0.2, 1.0, selection_seconds=0.1, elements_sent=8000))
@@ -741,7 +741,7 @@ def test_tta_prices_powersgds_wire_from_the_matrices_it_compresses():
     assert layout([(4, 4)], 2) == ([], 16)  # 2 x (4 + 4) x 2 >= 16: sent whole, as the hook does
     c = tta(1_011_010, 2, probe_every=1000, low_ranks={4: (matrices, whole)}, lowrank_knee=0.4)
     c.update(m(0, 1.0, compute=0.2, wire=20e6 / 8))
-    want = lowrank_allreduce_bytes(matrices, whole, 4, 2) / (20e6 / 8) + c.sensor.fixed
+    want = lowrank_allreduce_bytes(matrices, whole, 4, 2, fp16=True) / (20e6 / 8) + c.sensor.fixed  # tta's values
     assert c.predicted_cost(Decision(dense=False, rank=4)) == pytest.approx((1 + 0.4 / 4) * (0.2 + want))
 
 
@@ -880,11 +880,11 @@ def test_after_adopted_powersgd_steps_the_first_step_goes_on_with_their_rank_whe
     at that rank (a TopK probe would train a step on PowerSGD's residual), where it sends at most twice
     FIRST_BYTES; a model whose rank-4 factors are larger keeps the small TopK probe, and so does a run that
     adopted nothing."""
-    small = {r: ([(1000, 1000)], 0) for r in (2, 4)}  # rank 4: 32 kB a step
+    small = {r: ([(1000, 1000)], 0) for r in (2, 4)}  # rank 4: 16 kB a step (fp16 factors)
     c = tta(1_000_000, 2, low_ranks=small)
     assert c.first().rank == 0 and not c.first().dense, "nothing adopted: the TopK probe"
     c.adopted(4)
-    assert c.first() == Decision(dense=False, rank=4) and c.probing
+    assert c.first() == Decision(dense=False, rank=4, fp16=True) and c.probing
     large = {4: ([(20_000, 20_000)], 0)}  # rank 4: 640 kB a step
     big = tta(400_000_000, 2, low_ranks=large)
     big.adopted(4)

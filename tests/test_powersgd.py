@@ -40,18 +40,20 @@ def _factors(rank: int, step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
     return c, x
 
 
-def low_rank_run(rank: int, world: int, cases: list[tuple[int, int, bool]], steps: int = STEPS) -> dict:
-    """For each (PowerSGD rank, gradient rank, error feedback), on a model of its own: per step, the largest
-    error of the gradient the model received against the exact mean over ranks, relative to the mean's largest
-    entry; and over the steps, world x the sum of what was received, the sum of what the ranks fed in and the
-    local errors they hold at the end (the last two summed over ranks)."""
+def low_rank_run(rank: int, world: int, cases: list[tuple], steps: int = STEPS) -> dict:
+    """For each (PowerSGD rank, gradient rank, error feedback[, values]), on a model of its own: per step, the
+    largest error of the gradient the model received against the exact mean over ranks, relative to the mean's
+    largest entry; over the steps, world x the sum of what was received, the sum of what the ranks fed in and the
+    local errors they hold at the end (the last two summed over ranks); and each step's wire bytes."""
     import torch.distributed as dist
 
     out = {}
-    for approx, r, feedback in cases:
+    for case in cases:
+        approx, r, feedback, *values = case
         torch.manual_seed(0)
         model = torch.nn.Linear(IN, OUT, bias=False)
-        ddp, state = _ddp(model, {"method": "powersgd", "rank": approx, "startIter": START, "errorFeedback": feedback})
+        ddp, state = _ddp(model, {"method": "powersgd", "rank": approx, "startIter": START, "errorFeedback": feedback,
+                                  "values": values[0] if values else "fp32"})
         errors, received, fed = [], torch.zeros(OUT, IN), torch.zeros(OUT, IN)
         for step in range(steps):
             ddp.zero_grad()
@@ -66,14 +68,15 @@ def low_rank_run(rank: int, world: int, cases: list[tuple[int, int, bool]], step
                 else torch.zeros(OUT, IN))  # the residual each rank holds
         totals = torch.stack([fed, held])
         dist.all_reduce(totals)
-        out[(approx, r, feedback)] = errors, received.tolist(), totals[0].tolist(), totals[1].tolist()
+        out[case] = (errors, received.tolist(), totals[0].tolist(), totals[1].tolist(),
+                     [h["wire_bytes"] for h in state.history])
     return out
 
 
 @pytest.fixture(scope="module")
 def low_rank() -> dict:
     """One 2-rank world runs every case (a world costs seconds to start)."""
-    cases = [(2, 2, False), (1, 1, False), (1, 2, False), (1, 2, True)]
+    cases = [(2, 2, False), (1, 1, False), (1, 2, False), (1, 2, True), (2, 2, False, "fp16"), (1, 2, True, "fp16")]
     return run_world(low_rank_run, 2, cases)[0]
 
 
@@ -96,12 +99,27 @@ def test_powersgd_error_feedback_keeps_what_the_factorization_missed(low_rank: d
     """With error feedback (the default) what rank 1 misses of a rank-2 gradient is held by the ranks and sent
     later: world x everything received == everything fed in - what the ranks still hold. Without it the
     missed part is gone and nothing is held."""
-    received, fed, held = (torch.tensor(v) for v in low_rank[(1, 2, True)][1:])
+    received, fed, held = (torch.tensor(v) for v in low_rank[(1, 2, True)][1:4])
     assert held.abs().max() > 1e-2, "rank 1 on a rank-2 gradient was to leave an error behind"
     torch.testing.assert_close(received, fed - held, rtol=1e-4, atol=1e-4)
-    received, fed, held = (torch.tensor(v) for v in low_rank[(1, 2, False)][1:])
+    received, fed, held = (torch.tensor(v) for v in low_rank[(1, 2, False)][1:4])
     assert not held.any(), "errorFeedback: false keeps no error"
     assert (received - fed).abs().max() > 1e-2, "without error feedback the missed part was to be lost"
+
+
+@pytest.mark.gloo
+def test_powersgd_with_fp16_values_sends_half_the_bytes_and_error_feedback_keeps_the_rounding(low_rank: dict):
+    """values: fp16 casts the factors for the wire only: half of fp32's bytes a compressed step; a gradient of the
+    factorization's rank arrives within fp16's rounding; and with error feedback the rounding is held like
+    what the factorization missed: world x received == fed - held, as at fp32."""
+    fp32, fp16 = low_rank[(2, 2, False)], low_rank[(2, 2, False, "fp16")]
+    assert fp16[4][START:] == [b / 2 for b in fp32[4][START:]], (fp32[4], fp16[4])
+    assert fp16[4][:START] == fp32[4][:START]  # the dense steps before startIter: fp32, as PowerSGD's are
+    assert max(fp16[0][START:]) < 2e-3, f"beyond fp16's rounding: {fp16[0]}"
+    assert max(fp16[0][START:]) > 1e-6, "no rounding at all: the factors did not travel as fp16"
+    received, fed, held = (torch.tensor(v) for v in low_rank[(1, 2, True, "fp16")][1:4])
+    assert held.abs().max() > 1e-2
+    torch.testing.assert_close(received, fed - held, rtol=1e-4, atol=1e-4)
 
 
 def _mlp() -> torch.nn.Module:

@@ -100,7 +100,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     policy = {
         "allreduce": lambda: None,
         "topk": lambda: FixedDensity(c["density"], fp16=c["values"] == "fp16"),
-        "powersgd": lambda: FixedLowRank(c["rank"]),
+        "powersgd": lambda: FixedLowRank(c["rank"], fp16=c["values"] == "fp16"),
         "netsense": lambda: PaperAIMD(
             alpha=c["alpha"], beta=c["beta"], fraction=c["bdpFraction"], initial=c["initialRatio"],
             min_ratio=c["minRatio"], max_ratio=c["maxRatio"], startup=c["startup"], window=c["window"],

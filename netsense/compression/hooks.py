@@ -237,9 +237,12 @@ class CompressionState(MeasuredState):
 
     def low_rank(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """PowerSGD at the decision's rank (lowrank.py): the P's (and the vectors) all_reduced and waited for,
-        then the Q's all_reduced asynchronously; error feedback in the same residual as TopK's."""
+        then the Q's all_reduced asynchronously; error feedback in the same residual as TopK's. With fp16 the
+        factors travel as 16-bit values: divided by the workers before the cast (a sum of N fp16 values could
+        overflow where their mean cannot), cast back and multiplied after, orthogonalized and applied in fp32;
+        the residual is taken against what was applied, so the rounding is kept, not lost."""
         t0 = self.selection_timer.start()
-        rank, buf = self.decision.rank, bucket.buffer()
+        rank, buf, fp16 = self.decision.rank, bucket.buffer(), self.decision.fp16
         views, params = bucket.gradients(), bucket.parameters()
         signal = (self.memory.compensate(bucket.index(), buf, views, params) if self.memory is not None else buf)
         pieces = LowRank.pieces(buf, views, params, rank)
@@ -247,31 +250,43 @@ class CompressionState(MeasuredState):
         c = self.counts
         self.selection_timer.stop(t0)
         # Waited for here (the Q's need the summed P's): exposed time, not compute.
-        self.timer.wait_for(lambda: communicator.allreduce_now(first, self.group, self.null_wire), "all_reduce",
-                            dense_allreduce_bytes(first.numel(), self.world))
+        wire_first = self._to_wire(first, fp16)
+        self.timer.wait_for(lambda: communicator.allreduce_now(wire_first, self.group, self.null_wire), "all_reduce",
+                            dense_allreduce_bytes(first.numel(), self.world, fp16))
         t1 = self.selection_timer.start()
+        first = self._from_wire(wire_first, first, fp16)
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
         self.selection_timer.stop(t1)
         shapes = [p.shape for p in pieces if p.shape is not None]
-        c.wire_bytes += lowrank_allreduce_bytes(shapes, vectors.numel(), rank, self.world)
-        c.payload_bytes += (first.numel() + second.numel()) * first.element_size()
+        c.wire_bytes += lowrank_allreduce_bytes(shapes, vectors.numel(), rank, self.world, fp16)
+        c.payload_bytes += (first.numel() + second.numel()) * (2 if fp16 else first.element_size())
         c.elements_sent += first.numel() + second.numel()
         c.elements_total += buf.numel()
         residual = signal if self.memory is not None else None
         pad = math.ceil(self.decision.pad * buf.numel())
         if pad:  # a padded probe (tta): zeros after the Q's, on the wire and summed to zeros, never read
             second = torch.cat([second, second.new_zeros(pad)])
-            c.wire_bytes += dense_allreduce_bytes(pad, self.world)
-            c.payload_bytes += pad * second.element_size()
+            c.wire_bytes += dense_allreduce_bytes(pad, self.world, fp16)
+            c.payload_bytes += pad * (2 if fp16 else second.element_size())
+        wire_second = self._to_wire(second, fp16)
 
         def done(_: torch.futures.Future) -> torch.Tensor:
             t2 = self.selection_timer.start()  # decoding: its own work, as the passes are (not compute)
-            self.lowrank.apply(buf, residual, pieces, hats, second, vectors, self.world, rank)
+            q_sum = self._from_wire(wire_second, second, fp16)
+            self.lowrank.apply(buf, residual, pieces, hats, q_sum, vectors, self.world, rank)
             self.selection_timer.stop(t2)
             return buf
 
-        return communicator.allreduce(second, self.group, self.timer, done, self.null_wire,
-                                      dense_allreduce_bytes(second.numel(), self.world))
+        return communicator.allreduce(wire_second, self.group, self.timer, done, self.null_wire,
+                                      dense_allreduce_bytes(second.numel(), self.world, fp16))
+
+    def _to_wire(self, values: torch.Tensor, fp16: bool) -> torch.Tensor:
+        """What a low-rank all_reduce sends: the fp32 values, or their share of the mean as fp16."""
+        return values.div(self.world).to(torch.float16) if fp16 else values
+
+    def _from_wire(self, wire: torch.Tensor, values: torch.Tensor, fp16: bool) -> torch.Tensor:
+        """The summed values in fp32 (``values``, the tensor sent, holds them in place when it went as is)."""
+        return values.copy_(wire).mul_(self.world) if fp16 else wire
 
 
 def padded(packed: torch.Tensor, k: int, pad: int) -> torch.Tensor:

@@ -91,10 +91,10 @@ class FixedDensity(Policy):
 
 
 class FixedLowRank(Policy):
-    """powersgd: always the same rank (PowerSGD, netsense.compression.lowrank)."""
+    """powersgd: always the same rank (PowerSGD, netsense.compression.lowrank), its factors as ``fp16`` says."""
 
-    def __init__(self, rank: int):
-        self.decision = Decision(dense=False, rank=rank)
+    def __init__(self, rank: int, fp16: bool = False):
+        self.decision = Decision(dense=False, rank=rank, fp16=fp16)
 
     def update(self, m: StepMeasurement) -> None:
         pass
@@ -103,11 +103,13 @@ class FixedLowRank(Policy):
         return self.decision
 
 
-def lowrank_allreduce_bytes(shapes: list[tuple[int, int]], vector_elements: int, rank: int, world: int) -> float:
-    """PowerSGD's wire per rank: the P's and the vectors in one all_reduce, the Q's in a second."""
+def lowrank_allreduce_bytes(shapes: list[tuple[int, int]], vector_elements: int, rank: int, world: int,
+                            fp16: bool = False) -> float:
+    """PowerSGD's wire per rank: the P's and the vectors in one all_reduce, the Q's in a second (2 bytes an
+    element with ``fp16``: the factors cast for the wire only)."""
     p = sum(min(rank, n, m) * n for n, m in shapes) + vector_elements
     q = sum(min(rank, n, m) * m for n, m in shapes)
-    return dense_allreduce_bytes(p, world) + dense_allreduce_bytes(q, world)
+    return dense_allreduce_bytes(p, world, fp16) + dense_allreduce_bytes(q, world, fp16)
 
 
 class PaperAIMD(Policy):
@@ -614,7 +616,7 @@ class TimeToAccuracyController(Policy):
             return self.compute_s + self.sensor.fixed + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
         if d.rank:
             matrices, whole = self.low_ranks[d.rank]
-            wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world)
+            wire = lowrank_allreduce_bytes(matrices, whole, d.rank, self.world, self.fp16)
             # Two collectives, one after the other (the first waited for inside the backward pass): two fixed times.
             own = self.lowrank_cost.intercept + self.lowrank_cost.per_element * d.rank
             return self.compute_s + own + wire / bw + 2 * self.sensor.fixed
@@ -648,7 +650,7 @@ class TimeToAccuracyController(Policy):
         sparse = sparse_allgather_bytes(math.ceil(density * self.numel), self.world, fp16=self.fp16)
         if sparse < dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16):
             options.append(Decision(density=density, fp16=self.fp16, dense=False))
-        options += [Decision(dense=False, rank=r) for r in self.low_ranks]
+        options += [Decision(dense=False, rank=r, fp16=self.fp16) for r in self.low_ranks]
         costs = [self.predicted_cost(o) for o in options]
         # Within the model's error of the cheapest: the kind chosen last (no flapping on noise), else
         # the least compression (the more faithful gradient; fp32 over fp16 when neither costs much).
@@ -675,8 +677,8 @@ class TimeToAccuracyController(Policy):
         self.probing = True
         if self.start_rank in self.low_ranks:
             matrices, whole = self.low_ranks[self.start_rank]
-            if lowrank_allreduce_bytes(matrices, whole, self.start_rank, self.world) <= 2 * self.FIRST_BYTES:
-                self.last = Decision(dense=False, rank=self.start_rank)
+            if lowrank_allreduce_bytes(matrices, whole, self.start_rank, self.world, self.fp16) <= 2 * self.FIRST_BYTES:
+                self.last = Decision(dense=False, rank=self.start_rank, fp16=self.fp16)
                 return self.last
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         k = max(1, math.ceil(self.FIRST_BYTES / per_element))
@@ -735,12 +737,12 @@ class TimeToAccuracyController(Policy):
         families for a step and send the largest entries of PowerSGD's residual at once (on set 2's MLP a
         19% TopK probe after 15 steps at rank 4 dropped the test accuracy from 0.67 to 0.56)."""
         matrices, whole = self.low_ranks[rank]
-        own = lowrank_allreduce_bytes(matrices, whole, rank, self.world)
+        own = lowrank_allreduce_bytes(matrices, whole, rank, self.world, self.fp16)
         wanted, bounded = self.doubled(max(own * self.probe_gain, self.sensor.probe_bytes), limit)
         cap = dense_allreduce_bytes(self.numel, self.world, fp16=True)
         target, self.probe_capped = min(wanted, cap), bounded or wanted >= cap
-        pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world)
-        return Decision(dense=False, rank=rank, pad=pad / self.numel)
+        pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world, self.fp16)
+        return Decision(dense=False, rank=rank, pad=pad / self.numel, fp16=self.fp16)
 
     def estimates(self) -> dict:
         out = {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}

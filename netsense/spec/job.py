@@ -268,6 +268,9 @@ COMPRESSION = Union("method", {
     "fp16": Obj({}, doc="torch's fp16 compression hook: the dense gradient as 16-bit values"),
     "powersgd": Obj({
         "rank": F(Int(min=1, doc="matrix approximation rank"), default=1),
+        "values": F(Str(enum=("fp32", "fp16"), doc="how the factors P and Q (and the parameters sent whole) "
+                        "travel: fp32 (4 bytes) or fp16 (2, cast for the wire only: orthogonalized in fp32, divided "
+                        "by the workers before the cast); compare methods at the same encoding"), default="fp32"),
         "startIter": F(Int(min=0, doc="vanilla allreduce until this step (torch's meaning; none by default: "
                                       "the warm start and the residual follow their parameters through DDP's "
                                       "bucket rebuild)"), default=0),
