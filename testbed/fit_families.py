@@ -31,11 +31,12 @@ low-rank law ``1 + lowRankKnee / r`` (lowRankKnee 2.3, fitted on the tuning set)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 from collections.abc import Callable
+
+from netsense.bench import store
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -110,7 +111,7 @@ def complete(row: dict) -> list[dict] | None:
 
 
 def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
-    rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+    rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         sweep = {}  # density -> (mean steps, mean seconds a step, mean TTA)
         for r in rows:
@@ -147,7 +148,7 @@ def family_prior() -> None:
     medians: dict[str, list[float]] = {}
     for grid, kind in NO_READING.items():
         off = []
-        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
         for scenario in dict.fromkeys(r["scenario"] for r in rows):
             by = {r["method"]: r for r in rows if r["scenario"] == scenario}
             rank4 = by.get("powersgd-r4", {}).get("steps_to_target")
@@ -170,7 +171,7 @@ def rank_check(grids: list[str]) -> None:
     (one seed trains the same on every link), so each seed counts once: the table's first scenario."""
     law = lambda r: (1 + LOWRANK_KNEE / r) / (1 + LOWRANK_KNEE / 4)  # noqa: E731
     for grid in grids:
-        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
         low = [r for r in rows if r["scenario"] == rows[0]["scenario"] and r["method"].startswith("powersgd-r")]
         per = ratios(low, dense="powersgd-r4") if any(r["method"] == "powersgd-r4" for r in low) else {}
         cells = []
@@ -197,7 +198,7 @@ def main() -> None:
     if args.family_prior:
         family_prior()
         return
-    rows = json.load(open(args.table))
+    rows = store.load(args.table)
     dense = statistics.fmean(steps(next(r for r in rows if r["method"] == "allreduce")).values())
     per = ratios(rows)
     print(f"# {os.path.basename(args.table)}: steps to the target over allreduce's (mean {dense:.1f} steps), "

@@ -52,7 +52,6 @@ import argparse
 import csv
 import functools
 import glob
-import json
 import math
 import os
 import statistics
@@ -60,6 +59,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from netsense.bench import store
 from netsense.bench.grid import load_grid
 from netsense.compression.lowrank import LowRank
 from netsense.control import pilot
@@ -113,10 +113,10 @@ def step_counts(results: str) -> list[str]:
             "PowerSGD r4 |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for grid in ("eval", "eval2", "eval3", "eval4", "eval5"):
         path = os.path.join(results, f"{grid}.json")
-        if not os.path.exists(path):
+        if not store.exists(path):
             continue
         by: dict[str, dict[str, dict]] = {}
-        for r in json.load(open(path)):
+        for r in store.load(path):
             by.setdefault(r["scenario"], {})[r["method"]] = r
         for scenario, m in sorted(by.items()):
             dense = (m.get("allreduce") or {}).get("steps_to_target")
@@ -306,7 +306,7 @@ def table_family_ratio(results: str, grid: str) -> str:
     either did not reach it)."""
     path = os.path.join(results, f"{MEASURED_GRIDS.get(grid, grid)}.json")
     by: dict[str, dict[str, float]] = {}
-    for r in json.load(open(path)):
+    for r in store.load(path):
         by.setdefault(r["scenario"], {})[r["method"]] = r.get("steps_to_target")
     return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" if m.get("topk-0.01") and m.get("powersgd-r4")
                     else "-" for m in by.values())

@@ -17,8 +17,9 @@ of the package ran them all, else each table's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+
+from netsense.bench import store
 
 PEERS = {  # column -> its members: labels starting with this where it ends in "-", else this label alone
     "best fixed TopK": "topk-",
@@ -80,10 +81,10 @@ def main() -> None:
     code: dict[str, str] = {}
     for grid in args.grids.split(","):
         path = os.path.join(args.results, f"{grid}.json")
-        if not os.path.exists(path):
+        if not store.exists(path):
             print(f"| {grid}: not run yet ({path}) |" + " |" * (len(header) - 1))
             continue
-        rows = json.load(open(path))
+        rows = store.load(path)
         code[grid] = ((rows[0].get("code_commit") or rows[0].get("commit") or "unknown")[:12]
                       + (" with uncommitted changes" if rows[0].get("dirty") else "")) if rows else "empty"
         for scenario in dict.fromkeys(r["scenario"] for r in rows):

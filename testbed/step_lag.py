@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import json
 import math
 import os
 import statistics
 
+from netsense.bench import store
 from netsense.bench.stats import t_interval
 
 STEPS = (2, 4, 6, 10, 16, 24, 32)
@@ -28,7 +28,7 @@ STEPS = (2, 4, 6, 10, 16, 24, 32)
 
 def per_seed(grid: str, method: str) -> dict[tuple[str, int], dict]:
     """(scenario, seed) -> that cell's run, from the grid's committed table."""
-    rows = json.load(open(os.path.join("testbed", "results", f"{grid}.json")))
+    rows = store.load(os.path.join("testbed", "results", f"{grid}.json"))
     return {(r["scenario"], s["seed"]): s for r in rows if r["method"] == method for s in r["per_seed"]}
 
 
