@@ -8,8 +8,11 @@ import json
 import os
 
 import pytest
+from support import REPO
 
 from netsense.bench import store
+
+RESULTS = os.path.join(REPO, "testbed", "results")
 
 
 def _table(rows: int, seeds: int, curve: int) -> list[dict]:
@@ -66,3 +69,15 @@ def test_the_loader_refuses_what_it_cannot_read_whole(tmp_path):
     with pytest.raises(ValueError, match="per_seed is a number"):
         store.encode([{"per_seed": 3}])
 
+
+def test_the_index_names_every_file_of_the_results_and_what_each_holds():
+    """INDEX.jsonl: one entry a file (itself aside), and each results file's entry says what the file holds now
+    (a table landed without writing the index fails here). The package versions come from git: not compared."""
+    index = store.read_index(RESULTS)
+    files = sorted(n for n in os.listdir(RESULTS) if n != store.INDEX)
+    assert [e["file"] for e in index] == files
+    now = store.index(RESULTS, packages=False)
+    assert [{k: v for k, v in e.items() if k != "package"} for e in index] == now
+    data = [e for e in index if e["kind"] == "results"]
+    assert data and all(e["package"] for e in data)
+    assert not [n for n in files if n.endswith(".json")], "a results file not in the store's format"
