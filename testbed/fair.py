@@ -1,4 +1,4 @@
-"""The fair comparison's numbers, recomputed from a committed table alone (testbed/results/<grid>.json, the
+"""The fair comparison's numbers, recomputed from a committed table alone (testbed/results/<grid>.jsonl[.gz], the
 bench's table.json with each seed's record): every figure the README quotes about it is printed here.
 
     python testbed/fair.py                      # every fair grid (fair3, fair4, fair5: sets 3-5 re-run at one
@@ -230,7 +230,7 @@ def report(grid: str, table: str, ours: str, before: str) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", help="the tables: testbed/results/GRID.json, comma-separated (default: every fair grid "
+    ap.add_argument("--grid", help="the tables: testbed/results/GRID.jsonl[.gz], comma-separated (default: every fair grid "
                                    "that landed)")
     ap.add_argument("--ours", default="tta", help="our method's label (default tta)")
     ap.add_argument("--before", help="the earlier table of the same scenarios (default: the grid's set, e.g. eval4)")

@@ -185,7 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
     ap.add_argument("--check", nargs="*", default=[], metavar="GRID",
-                    help="evaluation grids (testbed/results/GRID.json) to check the fitted laws on")
+                    help="evaluation grids (testbed/results/GRID.jsonl[.gz]) to check the fitted laws on")
     ap.add_argument("--family-prior", action="store_true",
                     help="the evidence for convTopkPrior: TopK's steps over PowerSGD rank 4's against the priors, on "
                          "the development tasks where the family pilot reads nothing")

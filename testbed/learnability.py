@@ -8,7 +8,7 @@ EF (the paper's netsense) or low-rank (PowerSGD), and need far fewer steps than 
 tasks, while on the CNNs TopK with EF needs as few or fewer. Choosing between them online needs a signal
 from the task that ranks the tasks as their step counts do. Four readings, each printed as a table:
 
-1. Step counts of the final run (testbed/results/<grid>.json): each family's steps to the target over
+1. Step counts of the final run (testbed/results/<grid>.jsonl[.gz]): each family's steps to the target over
    dense allreduce's (where allreduce reached it) -- what a signal would have to predict.
 2. The first-order progress readings that ``learnKnee`` uses (``<g_{t+1}, U_t>`` and ``<g_{t+1}, g_t>``,
    from the tta-learn runs' timelines under --runs): how often the dense reading, which must be positive
@@ -598,7 +598,7 @@ def early_readings(results: str) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
-    p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
+    p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.jsonl[.gz])")
     p.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to print (comma-separated)")
     p.add_argument("--pilot-rows", action="store_true", help="section 5: only the pilot's two rows (the rest "
                                                                 "takes most of the time)")

@@ -3,7 +3,7 @@
     python testbed/overview.py                        # eval, eval2, ... eval5 as testbed/results has them
     python testbed/overview.py --ours tta --grids eval,eval2
 
-For each scenario of each grid's table (testbed/results/<grid>.json, the bench's table.json as
+For each scenario of each grid's table (testbed/results/<grid>.jsonl[.gz], the bench's table.json as
 testbed/rerun.sh lands it): the fastest mean, our method's regret (its mean TTA over the
 fastest mean: the controller bar is 1.1) and its paired TTA ratio against the best method outside its
 family with the 95% interval the table was written with (a percentile bootstrap in the tables of
@@ -70,7 +70,7 @@ def scenario_line(grid: str, scenario: str, rows: list[dict], ours: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", default=os.path.join(os.path.dirname(__file__), "results"),
-                    help="the folder of <grid>.json tables (default: testbed/results)")
+                    help="the folder of <grid>.jsonl[.gz] tables (default: testbed/results)")
     ap.add_argument("--grids", default="eval,eval2,eval3,eval4,eval5", help="comma-separated, in order")
     ap.add_argument("--ours", default="tta", help="our method's label")
     args = ap.parse_args()

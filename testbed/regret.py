@@ -146,7 +146,7 @@ def scenario_lines(grid: str, scenario: str, rows: list[dict], ours: str, ctl: T
 
 
 def scenarios_of(grid: str) -> dict[str, list[dict]]:
-    """A committed table's rows (testbed/results/GRID.json), scenario -> its rows, in the table's order."""
+    """A committed table's rows (testbed/results/GRID.jsonl[.gz]), scenario -> its rows, in the table's order."""
     rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
     out: dict[str, list[dict]] = {}
     for r in rows:
@@ -196,7 +196,7 @@ def across(grids: list[str], ours: list[str]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", required=True, help="comma-separated grids (testbed/results/GRID.json and "
+    ap.add_argument("--grid", required=True, help="comma-separated grids (testbed/results/GRID.jsonl[.gz] and "
                                                   "testbed/grids/GRID.yaml)")
     ap.add_argument("--ours", required=True, help="the tta method of those grids whose time is split (with --across: "
                                                   "comma-separated, one per grid, or one for all)")

@@ -2,7 +2,7 @@
 
     python testbed/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
 
-From the committed tables (testbed/results/<grid>.json, every seed's steps and accuracy curve): the paired
+From the committed tables (testbed/results/<grid>.jsonl[.gz], every seed's steps and accuracy curve): the paired
 geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a 95% t
 interval (Student's t on the log ratios, as fair.py's), and per grid the two methods' mean test accuracy at a few
 steps (evaluations are every other step): a ratio above 1 with the gap open from the first evaluations on is a
@@ -53,7 +53,7 @@ def interval(logs: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.json)")
+    ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.jsonl[.gz])")
     ap.add_argument("--ours", default="tta-lowranks-pilot")
     ap.add_argument("--other", default="powersgd-r8")
     ap.add_argument("--runs", help="split the pairs by our cells' main rank, from the cells kept here (runs/final)")
