@@ -1,4 +1,4 @@
-"""The fair comparison's numbers, recomputed from a committed table alone (testbed/results/<grid>.json, the
+"""The fair comparison's numbers, recomputed from a committed table alone (testbed/results/<grid>.jsonl[.gz], the
 bench's table.json with each seed's record): every figure the README quotes about it is printed here.
 
     python testbed/fair.py                      # every fair grid (fair3, fair4, fair5: sets 3-5 re-run at one
@@ -22,11 +22,11 @@ for the before/after.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 
+from netsense.bench import store
 from netsense.bench.stats import mean_tta, paired_ratio, seed_ratios, seed_times, seeds_for
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -154,9 +154,9 @@ def bar_lines(by: dict[str, dict], ours: str) -> list[str]:
 def before_lines(before: str, scenario: str, ours: str, rows: list[dict]) -> list[str]:
     """The scenario's lead as the earlier table printed it, and ours against the same method now."""
     path = os.path.join(RESULTS, f"{before}.json")
-    if not os.path.exists(path):
+    if not store.exists(path):
         return []
-    row = next((r for r in json.load(open(path)) if r["scenario"] == scenario and r["method"] == ours), None)
+    row = next((r for r in store.load(path) if r["scenario"] == scenario and r["method"] == ours), None)
     if not row or row.get("paired_ratio") is None:
         return []
     out = [f"before ({before}.json, its own columns): {ours} {row['paired_ratio']:.2f} "
@@ -212,7 +212,7 @@ def variant_ratios(rows: list[dict], ours: str) -> list[float]:
 
 def report(grid: str, table: str, ours: str, before: str) -> list[float]:
     """Print the grid's report; returns ours against the method it varies, per scenario (variant_ratios)."""
-    rows = json.load(open(table))
+    rows = store.load(table)
     code = rows[0].get("code_commit") or rows[0].get("commit") or "unknown"
     print(f"# {grid}: recomputed from the per-seed records (package as last changed in {code[:12]})\n")
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
@@ -230,7 +230,7 @@ def report(grid: str, table: str, ours: str, before: str) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", help="the tables: testbed/results/GRID.json, comma-separated (default: every fair grid "
+    ap.add_argument("--grid", help="the tables: testbed/results/GRID.jsonl[.gz], comma-separated (default: every fair grid "
                                    "that landed)")
     ap.add_argument("--ours", default="tta", help="our method's label (default tta)")
     ap.add_argument("--before", help="the earlier table of the same scenarios (default: the grid's set, e.g. eval4)")
@@ -238,7 +238,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.table and (not args.grid or "," in args.grid):
         ap.error("--table needs --grid with one name (the name its numbers are reported under)")
-    grids = args.grid.split(",") if args.grid else [g for g in FAIR if os.path.exists(os.path.join(RESULTS, f"{g}.json"))]
+    grids = args.grid.split(",") if args.grid else [g for g in FAIR if store.exists(os.path.join(RESULTS, f"{g}.json"))]
     ratios = []
     for grid in grids:
         ratios += report(grid, args.table or os.path.join(RESULTS, f"{grid}.json"), args.ours,

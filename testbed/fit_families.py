@@ -31,11 +31,12 @@ low-rank law ``1 + lowRankKnee / r`` (lowRankKnee 2.3, fitted on the tuning set)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 from collections.abc import Callable
+
+from netsense.bench import store
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -110,7 +111,7 @@ def complete(row: dict) -> list[dict] | None:
 
 
 def check(grid: str, laws: dict[str, Callable[[float], float]]) -> None:
-    rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+    rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         sweep = {}  # density -> (mean steps, mean seconds a step, mean TTA)
         for r in rows:
@@ -147,7 +148,7 @@ def family_prior() -> None:
     medians: dict[str, list[float]] = {}
     for grid, kind in NO_READING.items():
         off = []
-        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
         for scenario in dict.fromkeys(r["scenario"] for r in rows):
             by = {r["method"]: r for r in rows if r["scenario"] == scenario}
             rank4 = by.get("powersgd-r4", {}).get("steps_to_target")
@@ -170,7 +171,7 @@ def rank_check(grids: list[str]) -> None:
     (one seed trains the same on every link), so each seed counts once: the table's first scenario."""
     law = lambda r: (1 + LOWRANK_KNEE / r) / (1 + LOWRANK_KNEE / 4)  # noqa: E731
     for grid in grids:
-        rows = json.load(open(os.path.join(RESULTS, f"{grid}.json")))
+        rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
         low = [r for r in rows if r["scenario"] == rows[0]["scenario"] and r["method"].startswith("powersgd-r")]
         per = ratios(low, dense="powersgd-r4") if any(r["method"] == "powersgd-r4" for r in low) else {}
         cells = []
@@ -184,7 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default=os.path.join(RESULTS, "tune-families.json"))
     ap.add_argument("--check", nargs="*", default=[], metavar="GRID",
-                    help="evaluation grids (testbed/results/GRID.json) to check the fitted laws on")
+                    help="evaluation grids (testbed/results/GRID.jsonl[.gz]) to check the fitted laws on")
     ap.add_argument("--family-prior", action="store_true",
                     help="the evidence for convTopkPrior: TopK's steps over PowerSGD rank 4's against the priors, on "
                          "the development tasks where the family pilot reads nothing")
@@ -197,7 +198,7 @@ def main() -> None:
     if args.family_prior:
         family_prior()
         return
-    rows = json.load(open(args.table))
+    rows = store.load(args.table)
     dense = statistics.fmean(steps(next(r for r in rows if r["method"] == "allreduce")).values())
     per = ratios(rows)
     print(f"# {os.path.basename(args.table)}: steps to the target over allreduce's (mean {dense:.1f} steps), "

@@ -8,7 +8,7 @@ EF (the paper's netsense) or low-rank (PowerSGD), and need far fewer steps than 
 tasks, while on the CNNs TopK with EF needs as few or fewer. Choosing between them online needs a signal
 from the task that ranks the tasks as their step counts do. Four readings, each printed as a table:
 
-1. Step counts of the final run (testbed/results/<grid>.json): each family's steps to the target over
+1. Step counts of the final run (testbed/results/<grid>.jsonl[.gz]): each family's steps to the target over
    dense allreduce's (where allreduce reached it) -- what a signal would have to predict.
 2. The first-order progress readings that ``learnKnee`` uses (``<g_{t+1}, U_t>`` and ``<g_{t+1}, g_t>``,
    from the tta-learn runs' timelines under --runs): how often the dense reading, which must be positive
@@ -52,7 +52,6 @@ import argparse
 import csv
 import functools
 import glob
-import json
 import math
 import os
 import statistics
@@ -60,6 +59,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from netsense.bench import store
 from netsense.bench.grid import load_grid
 from netsense.compression.lowrank import LowRank
 from netsense.control import pilot
@@ -113,10 +113,10 @@ def step_counts(results: str) -> list[str]:
             "PowerSGD r4 |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for grid in ("eval", "eval2", "eval3", "eval4", "eval5"):
         path = os.path.join(results, f"{grid}.json")
-        if not os.path.exists(path):
+        if not store.exists(path):
             continue
         by: dict[str, dict[str, dict]] = {}
-        for r in json.load(open(path)):
+        for r in store.load(path):
             by.setdefault(r["scenario"], {})[r["method"]] = r
         for scenario, m in sorted(by.items()):
             dense = (m.get("allreduce") or {}).get("steps_to_target")
@@ -306,7 +306,7 @@ def table_family_ratio(results: str, grid: str) -> str:
     either did not reach it)."""
     path = os.path.join(results, f"{MEASURED_GRIDS.get(grid, grid)}.json")
     by: dict[str, dict[str, float]] = {}
-    for r in json.load(open(path)):
+    for r in store.load(path):
         by.setdefault(r["scenario"], {})[r["method"]] = r.get("steps_to_target")
     return " ".join(f"{m['topk-0.01'] / m['powersgd-r4']:.2f}" if m.get("topk-0.01") and m.get("powersgd-r4")
                     else "-" for m in by.values())
@@ -598,7 +598,7 @@ def early_readings(results: str) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default="runs/final", help="the final run's cells (tta-learn timelines)")
-    p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.json)")
+    p.add_argument("--results", default="testbed/results", help="the final run's tables (<grid>.jsonl[.gz])")
     p.add_argument("--sections", default="1,2,3,4,5,6,7,8,9", help="which sections to print (comma-separated)")
     p.add_argument("--pilot-rows", action="store_true", help="section 5: only the pilot's two rows (the rest "
                                                                 "takes most of the time)")

@@ -3,7 +3,7 @@
     python testbed/overview.py                        # eval, eval2, ... eval5 as testbed/results has them
     python testbed/overview.py --ours tta --grids eval,eval2
 
-For each scenario of each grid's table (testbed/results/<grid>.json, the bench's table.json as
+For each scenario of each grid's table (testbed/results/<grid>.jsonl[.gz], the bench's table.json as
 testbed/rerun.sh lands it): the fastest mean, our method's regret (its mean TTA over the
 fastest mean: the controller bar is 1.1) and its paired TTA ratio against the best method outside its
 family with the 95% interval the table was written with (a percentile bootstrap in the tables of
@@ -17,8 +17,9 @@ of the package ran them all, else each table's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+
+from netsense.bench import store
 
 PEERS = {  # column -> its members: labels starting with this where it ends in "-", else this label alone
     "best fixed TopK": "topk-",
@@ -69,7 +70,7 @@ def scenario_line(grid: str, scenario: str, rows: list[dict], ours: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", default=os.path.join(os.path.dirname(__file__), "results"),
-                    help="the folder of <grid>.json tables (default: testbed/results)")
+                    help="the folder of <grid>.jsonl[.gz] tables (default: testbed/results)")
     ap.add_argument("--grids", default="eval,eval2,eval3,eval4,eval5", help="comma-separated, in order")
     ap.add_argument("--ours", default="tta", help="our method's label")
     args = ap.parse_args()
@@ -80,10 +81,10 @@ def main() -> None:
     code: dict[str, str] = {}
     for grid in args.grids.split(","):
         path = os.path.join(args.results, f"{grid}.json")
-        if not os.path.exists(path):
+        if not store.exists(path):
             print(f"| {grid}: not run yet ({path}) |" + " |" * (len(header) - 1))
             continue
-        rows = json.load(open(path))
+        rows = store.load(path)
         code[grid] = ((rows[0].get("code_commit") or rows[0].get("commit") or "unknown")[:12]
                       + (" with uncommitted changes" if rows[0].get("dirty") else "")) if rows else "empty"
         for scenario in dict.fromkeys(r["scenario"] for r in rows):

@@ -34,7 +34,6 @@ with the adaptive candidate.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -45,6 +44,7 @@ from typing import NamedTuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout without installing netsense
 
+from netsense.bench import store  # noqa: E402
 from netsense.bench.grid import load_grid  # noqa: E402
 from netsense.bench.stats import mean_tta, paired_ratio, seed_times  # noqa: E402
 from netsense.compression import validate_config  # noqa: E402
@@ -146,9 +146,8 @@ def scenario_lines(grid: str, scenario: str, rows: list[dict], ours: str, ctl: T
 
 
 def scenarios_of(grid: str) -> dict[str, list[dict]]:
-    """A committed table's rows (testbed/results/GRID.json), scenario -> its rows, in the table's order."""
-    with open(os.path.join(RESULTS, f"{grid}.json")) as f:
-        rows = json.load(f)
+    """A committed table's rows (testbed/results/GRID.jsonl[.gz]), scenario -> its rows, in the table's order."""
+    rows = store.load(os.path.join(RESULTS, f"{grid}.json"))
     out: dict[str, list[dict]] = {}
     for r in rows:
         out.setdefault(r["scenario"], []).append(r)
@@ -197,7 +196,7 @@ def across(grids: list[str], ours: list[str]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", required=True, help="comma-separated grids (testbed/results/GRID.json and "
+    ap.add_argument("--grid", required=True, help="comma-separated grids (testbed/results/GRID.jsonl[.gz] and "
                                                   "testbed/grids/GRID.yaml)")
     ap.add_argument("--ours", required=True, help="the tta method of those grids whose time is split (with --across: "
                                                   "comma-separated, one per grid, or one for all)")

@@ -9,11 +9,13 @@
 #
 # Each grid runs into runs/final/<grid>/ with `netsense bench` (cells shuffled and interleaved; a
 # finished cell is kept, so an interrupted grid resumes where it stopped while runs/ is there: it is
-# not in the repository), then its table lands in testbed/results/<grid>.md with its plot, and the
-# bench's table.json as testbed/results/<grid>.json (what testbed/overview.py reads, and what says a
-# grid is done). The tables name the commit that ran them and the commit that last changed the
-# package: a commit that only touches the README or the tests between two grids leaves the code the
-# same, and the tables say so. The script refuses to start on a package or grid with uncommitted
+# not in the repository), then its table lands in testbed/results/<grid>.md, and the bench's
+# table.json as testbed/results/<grid>.jsonl.gz (or .jsonl under 64 kB: the results store,
+# netsense.bench.store, which also rewrites testbed/results/INDEX.jsonl; what testbed/overview.py reads,
+# and what says a grid is done). The plots stay in runs/final/<grid>/ (the store keeps only the plots a
+# document shows: add one by hand where the README needs it). The tables name the commit that ran them
+# and the commit that last changed the package: a commit that only touches the README or the tests
+# between two grids leaves the code the same, and the tables say so. The script refuses to start on a package or grid with uncommitted
 # changes (a grid is registered by committing it before it runs).
 #
 # Not here: ci.yaml (the tuning set: nothing there is a claim), paper.yaml (ResNet18 on CIFAR-100 for
@@ -26,6 +28,7 @@ GRIDS=(eval eval2 eval3 sensitivity headline throughput epochs congestion eval4 
 [ $# -gt 0 ] && GRIDS=("$@")
 
 NETSENSE=${NETSENSE:-.venv/bin/netsense}
+PY=${PY:-$(dirname "$NETSENSE")/python}
 [ "$(id -u)" = 0 ] || { echo "rerun.sh: needs root (network namespaces and tc)" >&2; exit 2; }
 [ -x "$NETSENSE" ] || { echo "rerun.sh: $NETSENSE not found: run 'make venv' first" >&2; exit 2; }
 for g in "${GRIDS[@]}"; do
@@ -42,9 +45,9 @@ code=$(git log -1 --format=%H -- netsense pyproject.toml)
 for g in "${GRIDS[@]}"; do
     out="runs/final/$g"
     grid=$(git log -1 --format=%H -- "testbed/grids/$g.yaml")
-    landed="testbed/results/$g.json"
+    landed="testbed/results/$g"
     # Done already: a landed table of this package and this grid.
-    if grep -q "\"code_commit\": \"$code\"" "$landed" 2>/dev/null && grep -q "\"grid_commit\": \"$grid\"" "$landed"; then
+    if "$PY" -m netsense.bench.store landed "$landed" "$code" "$grid"; then
         echo "rerun.sh: $g done on this code and grid already ($landed): skipped" >&2
         continue
     fi
@@ -64,17 +67,12 @@ for g in "${GRIDS[@]}"; do
         echo
         cat "$out/summary.md"
     } > "testbed/results/$g.md"
-    cp "$out/table.json" "$landed"
-    files=("testbed/results/$g.md" "$landed")  # what this grid wrote
-    for plot in tta accuracy sensitivity; do
-        if [ -f "$out/$plot.png" ]; then
-            cp "$out/$plot.png" "testbed/results/$g-$plot.png"
-            files+=("testbed/results/$g-$plot.png")
-        fi
-    done
+    "$PY" -m netsense.bench.store land "$out/table.json" "$landed" >/dev/null
+    # What this grid wrote (git pathspecs: the table under whichever suffix, an old one's removal too).
+    files=("testbed/results/$g.md" "testbed/results/$g.json*" testbed/results/INDEX.jsonl)
     echo "rerun.sh: $g done (rc $rc): testbed/results/$g.md" >&2
     if [ "${RERUN_COMMIT:-0}" = 1 ]; then
-        git add -- "${files[@]}"
+        git add -A -- "${files[@]}"
         git commit -q -m "Results: $g from the final run (written by testbed/rerun.sh, rc $rc)" -- "${files[@]}"
     fi
 done

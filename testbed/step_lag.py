@@ -2,7 +2,7 @@
 
     python testbed/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
 
-From the committed tables (testbed/results/<grid>.json, every seed's steps and accuracy curve): the paired
+From the committed tables (testbed/results/<grid>.jsonl[.gz], every seed's steps and accuracy curve): the paired
 geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a 95% t
 interval (Student's t on the log ratios, as fair.py's), and per grid the two methods' mean test accuracy at a few
 steps (evaluations are every other step): a ratio above 1 with the gap open from the first evaluations on is a
@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import json
 import math
 import os
 import statistics
 
+from netsense.bench import store
 from netsense.bench.stats import t_interval
 
 STEPS = (2, 4, 6, 10, 16, 24, 32)
@@ -28,7 +28,7 @@ STEPS = (2, 4, 6, 10, 16, 24, 32)
 
 def per_seed(grid: str, method: str) -> dict[tuple[str, int], dict]:
     """(scenario, seed) -> that cell's run, from the grid's committed table."""
-    rows = json.load(open(os.path.join("testbed", "results", f"{grid}.json")))
+    rows = store.load(os.path.join("testbed", "results", f"{grid}.json"))
     return {(r["scenario"], s["seed"]): s for r in rows if r["method"] == method for s in r["per_seed"]}
 
 
@@ -53,7 +53,7 @@ def interval(logs: list[float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.json)")
+    ap.add_argument("grids", nargs="+", help="grid names (testbed/results/<grid>.jsonl[.gz])")
     ap.add_argument("--ours", default="tta-lowranks-pilot")
     ap.add_argument("--other", default="powersgd-r8")
     ap.add_argument("--runs", help="split the pairs by our cells' main rank, from the cells kept here (runs/final)")
