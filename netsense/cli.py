@@ -59,10 +59,18 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _warn(job) -> None:
+    from netsense.spec.job import warnings_for
+
+    for message in warnings_for(job):
+        print(f"netsense: warning: {message}", file=sys.stderr)
+
+
 def cmd_validate(args) -> int:
     job = load_job(args.job)
     if args.local:
         check_local(job)
+    _warn(job)
     print(f"{args.job}: valid NetSenseJob {job.name!r} ({job.workers} workers, "
           f"{job.training['model']} on {job.training['dataset']}, method {job.compression['method']})")
     return 0
@@ -73,6 +81,7 @@ def cmd_run(args) -> int:
 
     job = load_job(args.job)
     check_local(job)
+    _warn(job)
     out = args.out or os.path.join("runs", f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     from netsense.train.results import summary_lines
 

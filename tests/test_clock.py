@@ -221,3 +221,4 @@ def test_bench_runs_simulated_cells_side_by_side_and_refuses_that_for_real_ones(
     assert len(results) == 2 and all(r["status"] == "Succeeded" and r["clock"] == "simulated" for r in results)
     measured = {r["simulation"]["computeSeconds"] for r in results}
     assert all(m > 0 for m in measured)  # each cell measured its own inputs, and recorded them
+

@@ -283,3 +283,23 @@ def test_a_bare_number_where_a_unit_belongs_is_refused_with_the_unit_to_write(pr
 def test_max_seconds_may_be_bare_seconds_as_its_name_says():
     assert parse_spec({"training": {"maxSeconds": 30}}).training["maxSeconds"] == 30
     assert parse_spec({"training": {"maxSeconds": "2m"}}).training["maxSeconds"] == "2m"
+
+
+LATE = {"workers": 2, "training": {"model": "mlp", "dataset": "synthetic", "maxSteps": 5}}
+
+def test_a_profile_change_after_the_training_budget_is_a_warning_at_validation_and_after_the_run():
+    from netsense.spec.job import warnings_for
+    from netsense.train.results import summary_lines
+
+    job = parse_spec({**LATE, "training": {**LATE["training"], "maxSeconds": "20s"},
+                      "network": {"profile": {"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"},
+                                                                         {"at": "10s", "rate": "100Mbit"},
+                                                                         {"at": "60s", "rate": "50Mbit"}]}}}, "j")
+    assert warnings_for(job) == ["spec.network.profile: the link's change at 60 s comes after this job's training "
+                                 "budget (training.maxSeconds) of 20 s: never seen"]
+    looped = {"type": "trace", "loop": True, "points": [{"at": "0s", "rate": "1Gbit"}, {"at": "60s", "rate": "1Mbit"}]}
+    assert warnings_for(parse_spec({**LATE, "training": {**LATE["training"], "maxSeconds": "20s"},
+                                    "network": {"profile": looped}}, "j")) == []
+    lines = summary_lines({"job": "j", "status": "Succeeded", "target_accuracy": 0.9, "target_reached": False,
+                           "warnings": ["spec.network.profile: ... never seen"]})
+    assert lines[0].startswith("j: Succeeded, target missed") and lines[-1] == "  warning: spec.network.profile: ... never seen"

@@ -67,7 +67,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "(the hindsight-best fixed density). x allreduce = samples/s over allreduce's on the same link "
              "(the paper's headline measure). Steps = training steps to the "
              "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
-             "worst shaped link (time-weighted, so the dense warm-up step weighs in), step queue = the median "
+             "worst shaped link (time-weighted, so a method's few large steps weigh in), step queue = the median "
              "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
              "cross traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
     if ceiling:

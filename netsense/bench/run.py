@@ -66,9 +66,10 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     def run_one(i: int, cell) -> None:
         with lock:
             elapsed = time.monotonic() - start
-            eta = elapsed / len(done) * (len(todo) - len(done)) if done else 0
+            # no estimate before a cell has finished: "eta -", not a 0 that reads as "done soon"
+            eta = f"{elapsed / len(done) * (len(todo) - len(done)):.0f}s" if done else "-"
             print(f"[{i + 1}/{len(todo)}] {cell.method} x {cell.scenario} seed {cell.seed} "
-                  f"(elapsed {elapsed:.0f}s, eta {eta:.0f}s)", file=sys.stderr, flush=True)
+                  f"(elapsed {elapsed:.0f}s, eta {eta})", file=sys.stderr, flush=True)
         cell_dir = os.path.join(out_dir, cell.name)
         r = cells.previous_result(cell_dir)
         if r is not None:

@@ -140,3 +140,17 @@ def _fluctuating(p: dict) -> list[tuple[float, float]]:
             rate = min(hi, max(lo, rate + rng.uniform(-0.5, 0.5) * (hi - lo)))
     # tc takes whole bits per second.
     return [(t, float(round(r))) for t, r in points]
+
+
+def unseen_changes(profile: Profile | None, seconds: float) -> list[float]:
+    """The profile's changes (their times) that come after ``seconds`` of training: a run that trains no longer
+    never meets them (none for a looped trace, which comes round again)."""
+    if profile is None or profile.period:
+        return []
+    return [t for t, _ in profile.points[1:] if t > seconds]
+
+
+def unseen_message(changes: list[float], seconds: float, what: str) -> str:
+    when = ", ".join(f"{t:g} s" for t in changes[:3]) + (f" and {len(changes) - 3} more" if len(changes) > 3 else "")
+    return (f"spec.network.profile: the link's change{'s' if len(changes) > 1 else ''} at {when} "
+            f"come{'' if len(changes) > 1 else 's'} after {what} of {seconds:.3g} s: never seen")

@@ -728,3 +728,16 @@ def check_cluster(job: Job) -> None:
                                                   "a cluster's job runs on its real network (use real)"))
     if issues:
         raise SpecError(issues)
+
+
+def warnings_for(job: Job) -> list[str]:
+    """What is valid but cannot be meant: a profile whose changes come after the job's training budget
+    (training.maxSeconds) can end."""
+    from netsense.shaping.profiles import build_profile, unseen_changes, unseen_message
+
+    budget = job.training.get("maxSeconds")
+    if budget is None or not job.network.get("profile"):
+        return []
+    seconds = units.parse_duration(budget)
+    changes = unseen_changes(build_profile(job.network["profile"]), seconds)
+    return [unseen_message(changes, seconds, "this job's training budget (training.maxSeconds)")] if changes else []

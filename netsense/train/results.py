@@ -172,10 +172,12 @@ def summary_lines(result: dict) -> list[str]:
     def fmt(x, spec: str = ".3f") -> str:
         return "-" if x is None else format(x, spec)
 
-    lines = [f"{result.get('job')}: {result.get('status')}, {result.get('method')} on {result.get('workers')} "
+    target, reached = result.get("target_accuracy"), result.get("target_reached")
+    outcome = result.get("status") + (", target missed" if target is not None and reached is False else
+                                      ", target reached" if reached else "")
+    lines = [f"{result.get('job')}: {outcome}, {result.get('method')} on {result.get('workers')} "
              f"workers, {result.get('steps')} steps ({fmt(result.get('train_seconds'), '.1f')} s of training, "
              f"{fmt(result.get('wall_seconds'), '.1f')} s wall)"]
-    target = result.get("target_accuracy")
     if target is not None:
         hold = result.get("target_hold", 3)
         tta = result.get("time_to_accuracy_s")
@@ -195,4 +197,5 @@ def summary_lines(result: dict) -> list[str]:
                      f"{fmt(link.get('queue_delay_max_ms'), '.1f')} ms, {link.get('drops', 0)} drops")
     for name, flow in (bottleneck.get("cross_traffic") or {}).items():
         lines.append(f"  cross traffic {name}: {fmt(flow.get('mean_mbit_when_on'), '.1f')} Mbit/s while on")
+    lines += [f"  warning: {w}" for w in result.get("warnings") or []]
     return lines

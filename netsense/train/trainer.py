@@ -43,7 +43,7 @@ from netsense.clock import REAL, RealClock
 from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
 from netsense.control import pilot
-from netsense.shaping.profiles import build_profile
+from netsense.shaping.profiles import build_profile, unseen_changes, unseen_message
 from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, SpecError, parse_spec
@@ -478,6 +478,9 @@ class Trainer:
                                  "cuda-events" if self.device.type == "cuda" else "wall-clock"),
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
             "family_pilot": self.pilot,
+            # valid but never met: a profile's changes after the training ended
+            "warnings": [unseen_message(unseen, s.train_time, "this run's training")]
+            if (unseen := unseen_changes(self.profile, s.train_time)) else [],
             "clock": "simulated" if self.clock.simulated else "real",
             "simulation": self.simulation,
         }
