@@ -18,7 +18,7 @@ import warnings
 
 import yaml
 
-from netsense.errors import NetsenseError
+from netsense.errors import NetsenseError, Terminated
 from netsense.spec import SpecError, check_local, load_job
 from netsense.spec.job import inline_trace_file, read_yaml
 from netsense.spec.schema import Errors, Issue
@@ -32,9 +32,6 @@ EPILOG = """examples:
   netsense clean
 """
 
-
-class Terminated(BaseException):
-    """SIGTERM/SIGHUP, raised so that `finally` blocks and context managers clean up."""
 
 
 
@@ -85,7 +82,16 @@ def cmd_run(args) -> int:
     out = args.out or os.path.join("runs", f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     from netsense.train.results import summary_lines
 
-    result = run_job(job, out, quiet=args.quiet)
+    try:
+        result = run_job(job, out, quiet=args.quiet)
+    except (KeyboardInterrupt, Terminated):
+        try:  # what the run reached before it was stopped, where rank 0 kept it
+            with open(os.path.join(out, "result.json")) as fh:
+                print("\n".join(summary_lines(json.load(fh))))
+            print(f"netsense: kept what it reached in {out}/result.json, timeline.csv", file=sys.stderr)
+        except (OSError, ValueError):
+            pass
+        raise
     print("\n".join(summary_lines(result)))
     print(f"netsense: wrote {out}/result.json, timeline.csv" + (", timeline.png" if "plot" in result else ""),
           file=sys.stderr)

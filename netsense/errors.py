@@ -14,3 +14,8 @@ class BadInput(NetsenseError):
     """The input is wrong and nothing was created; exit code 2."""
 
     exit_code = 2
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGHUP, raised so that `finally` blocks and context managers clean up (a BaseException: no
+    ``except Exception`` swallows it)."""

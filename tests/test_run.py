@@ -193,10 +193,38 @@ def test_interrupting_a_run_leaves_nothing_behind(tmp_path, sig, code):
         wait_for_progress(run, tmp_path / "o" / "events.jsonl")
         assert len(run.namespaces()) >= 3 and run.with_env(RANK="1"), "the run's cluster and workers"
         run.proc.send_signal(sig)
-        got, _, err = finish(run, 60)
+        got, out, err = finish(run, 60)
         assert got == code, err
         assert "cleaned up" in err
         nothing_left(run, before)
+    kept_what_it_reached(tmp_path / "o", out)
+
+
+def kept_what_it_reached(out_dir, stdout: str) -> None:
+    """An interrupted run keeps its results: result.json (status Interrupted, the steps it trained), the timeline
+    and its plot; the summary says so."""
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["status"] == "Interrupted" and result["steps"] > 0, result
+    rows = list(csv.DictReader(io.StringIO((out_dir / "timeline.csv").read_text())))
+    assert len(rows) >= result["steps"] - 1 and (out_dir / "timeline.png").exists()
+    assert stdout.startswith("t: Interrupted"), stdout
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_on_the_simulated_clock_keeps_what_it_reached(tmp_path, sig, code):
+    """No root: the simulated clock's ranks are processes of this machine."""
+    doc = job(training={"maxSteps": 100000}, network={"clock": "simulated", "profile": {"type": "static",
+                                                                                          "rate": "100Mbit"}})
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"),
+               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as run:
+        wait_for_progress(run, tmp_path / "o" / "events.jsonl")
+        run.proc.send_signal(sig)
+        got, out, err = finish(run, 60)
+        assert got == code, err
+        assert "kept what it reached" in err and "cleaned up" in err
+        assert not run.with_env(RANK="1"), "a worker outlived the run"
+    kept_what_it_reached(tmp_path / "o", out)
 
 
 @pytest.mark.root

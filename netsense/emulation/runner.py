@@ -20,7 +20,7 @@ from typing import TextIO
 from netsense.emulation.bottleneck import Observers, cross_samples, queue_samples, summarize
 from netsense.emulation.cluster import LocalCluster
 from netsense.emulation.loopback import LoopbackHosts, free_port
-from netsense.errors import NetsenseError
+from netsense.errors import NetsenseError, Terminated
 from netsense.gang import (
     OUT_DIR_ENV,
     PROFILE_START_ENV,
@@ -166,11 +166,40 @@ def run_gang(cluster: LocalCluster | LoopbackHosts, job: Job, out_dir: str, prog
 
 def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = True) -> dict:
     """Run a validated job locally; returns result.json's content or raises RunFailed.
-    ``plot_timeline``: draw timeline.png too (a second of CPU; the bench skips it)."""
+    ``plot_timeline``: draw timeline.png too (a second of CPU; the bench skips it). Interrupted (Ctrl-C,
+    SIGTERM), it keeps what the run reached (result.json with status Interrupted, timeline.csv and the plot:
+    rank 0 writes them when stopped) and then raises."""
     os.makedirs(out_dir, exist_ok=True)
     with open(job_file(out_dir), "w") as fh:
         json.dump(job.manifest(), fh)
     progress = Progress(quiet=quiet)
+    try:
+        tcp, flows = _run(job, out_dir, progress)
+    except (KeyboardInterrupt, Terminated):
+        progress.message("")
+        _plot_interrupted(job, out_dir, plot_timeline)
+        raise
+    progress.message("")
+    with open(os.path.join(out_dir, "result.json")) as fh:
+        result = json.load(fh)
+    if tcp is not None:
+        result["tcp_congestion_control"] = tcp
+    queue, cross = queue_samples(out_dir), cross_samples(out_dir)  # read once: a long run's queue.csv is large
+    bottleneck = summarize(out_dir, flows, queue, cross)
+    if bottleneck["links"] or flows:
+        result["bottleneck"] = bottleneck
+    write_result(out_dir, result)
+    png = plot_timeline and plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
+                                 f"{job.name}: {job.compression['method']}, {job.workers} workers",
+                                 queue=queue, cross=cross, result=result)
+    if png:
+        result["plot"] = png
+    return result
+
+
+def _run(job: Job, out_dir: str, progress: Progress) -> tuple[str | None, list]:
+    """The gang on the emulated cluster (or, on the simulated clock, on loopback), restarted as runPolicy says,
+    until it ends; the cluster torn down. Returns the hosts' TCP congestion control and the cross-traffic flows."""
     profile = build_profile(job.network.get("profile"))
     started = time.monotonic()
     # The profile's clock starts at the first training step, not when the cluster is up:
@@ -202,22 +231,20 @@ def run_job(job: Job, out_dir: str, quiet: bool = False, plot_timeline: bool = T
                 raise RunFailed(verdict.message)
             progress.message(f"netsense: {verdict.message}")
             attempt += 1
-    progress.message("")
-    with open(os.path.join(out_dir, "result.json")) as fh:
-        result = json.load(fh)
-    if tcp is not None:
-        result["tcp_congestion_control"] = tcp
-    queue, cross = queue_samples(out_dir), cross_samples(out_dir)  # read once: a long run's queue.csv is large
-    bottleneck = summarize(out_dir, observers.flows, queue, cross)
-    if bottleneck["links"] or observers.flows:
-        result["bottleneck"] = bottleneck
-    write_result(out_dir, result)
-    png = plot_timeline and plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
-                                 f"{job.name}: {job.compression['method']}, {job.workers} workers",
-                                 queue=queue, cross=cross, result=result)
-    if png:
-        result["plot"] = png
-    return result
+    return tcp, observers.flows
+
+
+def _plot_interrupted(job: Job, out_dir: str, plot_timeline: bool) -> None:
+    """After an interrupted run's teardown (its ranks had SIGTERM and the grace to write): its plot, where rank 0
+    left a result and a timeline. Never raises: the interruption is what the caller reports."""
+    try:
+        with open(os.path.join(out_dir, "result.json")) as fh:
+            result = json.load(fh)
+        if plot_timeline and result.get("status") == "Interrupted":
+            plot(os.path.join(out_dir, "timeline.csv"), os.path.join(out_dir, "timeline.png"),
+                 f"{job.name}: {job.compression['method']}, {job.workers} workers (interrupted)", result=result)
+    except Exception:  # noqa: BLE001 - nothing was kept, or it cannot be drawn: the run is interrupted either way
+        pass
 
 
 def _write_failure(out_dir: str, job: Job, reason: str) -> None:

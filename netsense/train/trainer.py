@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -43,6 +44,7 @@ from netsense.clock import REAL, RealClock
 from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
 from netsense.control import pilot
+from netsense.errors import Terminated
 from netsense.shaping.profiles import build_profile, unseen_changes, unseen_message
 from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
@@ -394,6 +396,14 @@ class Trainer:
         # wall_seconds is real time on either clock: on the simulated one, what the study cost to run
         return self._result(samples_per_step, time.perf_counter() - real_start)
 
+    def interrupted_result(self) -> dict | None:
+        """What the run reached before it was stopped (status Interrupted); None before training began."""
+        if getattr(self, "hook", None) is None or not self.hook.history:
+            return None
+        result = self._result(self.t["batchSize"] * self.world, 0.0)
+        result.update(status="Interrupted", wall_seconds=None)
+        return result
+
     def _progress(self, max_steps: int, samples_per_step: int) -> None:
         s = self.state
         recent = self.timeline.rows[-20:]
@@ -505,10 +515,22 @@ def worker_main() -> int:
         print(f"netsense worker: bad environment: {e}", file=sys.stderr)
         return 2
     trainer = Trainer(job, rank, world, os.environ.get(gang.PROFILE_START_ENV))
+    stopped: list[int] = []  # the signal that ends this worker (SIGTERM: a Ctrl-C'd run, a deleted pod)
+
+    def on_signal(signum, _frame):
+        stopped.append(signum)
+        raise Terminated(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
     try:
         trainer.setup()
         result = trainer.train()
-    except Exception as e:  # report one line, then fail the pod / process
+    except (Exception, Terminated, KeyboardInterrupt) as e:
+        if stopped or not isinstance(e, Exception):  # interrupted (a collective may fail first, as peers stop)
+            _keep_artifacts(trainer, rank, trainer.interrupted_result() if rank == 0 else None)
+            return 128 + (stopped[0] if stopped else signal.SIGINT)
+        # report one line, then fail the pod / process
         print(f"netsense worker rank {rank}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         _write_termination(f"rank {rank}: {type(e).__name__}: {e}"[:4000])
         _keep_artifacts(trainer, rank)  # what it had, for the post-mortem
