@@ -260,7 +260,9 @@ def test_a_time_varying_profile_runs_on_the_training_clock(tmp_path):
     shaping = [json.loads(line) for line in (out / "shaping.jsonl").read_text().splitlines()]
     clock = next(ev for ev in shaping if ev["event"] == "clock")
     change = next(ev for ev in shaping if ev["event"] == "rate")
-    assert change["rate_bps"] == 10e6 and change["t"] == pytest.approx(1.5, abs=0.05)
+    # Applied once the training clock reads 1.5 s: never before; after by what a loaded machine delays a poll of
+    # the clock and one tc call (150 ms each seen here), no more.
+    assert change["rate_bps"] == 10e6 and 1.5 <= change["t"] <= 1.5 + 0.35, change
     with open(out / "timeline.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert float(rows[0]["link_rate_mbit"]) == 100.0 and float(rows[-1]["link_rate_mbit"]) == 10.0

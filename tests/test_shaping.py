@@ -395,7 +395,9 @@ def test_with_a_start_file_the_profile_follows_the_training_clock_pauses_and_rew
         time.sleep(1.0)
         assert tbf_rate(c, 1) == "20Mbit"
         applied_at, bps = c.follower.applied[-1]
-        assert bps == 20e6 and abs(applied_at - (resumed + 0.2)) < 0.1
+        # Never early (that is the follower's error, not noise); late by what a loaded machine can delay one
+        # poll of the start file and one tc call (150 ms each seen here), no more.
+        assert bps == 20e6 and resumed + 0.2 - 0.005 <= applied_at <= resumed + 0.2 + 0.35, applied_at - resumed
         os.unlink(start)  # a gang restart: back to the first step until the new gang starts
         c.follower.rewind()
         time.sleep(1.0)
