@@ -1,4 +1,4 @@
-"""spec.output: a cluster job's artifacts on a volume the user names (README, On a cluster: artifacts).
+"""spec.output: a cluster job's artifacts on a volume the user names (testbed/CLUSTER.md, Artifacts).
 
 Each rank writes under <path>/<job>/attempt-<n>/rank-<r>/ on the claim: rank 0 its timeline and result, every shaped
 rank a copy of its shaper's queue samples. The trainer writes, never the root shaper; the real node's test
