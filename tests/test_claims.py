@@ -12,23 +12,91 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NUMBER = re.compile(r"\d+\.\d+")
 BLOCK = re.compile(r"<!-- fair\.py((?: --[a-z]+ [^ :]+)*):.*?-->(.*?)<!-- /fair\.py -->", re.S)
 
 
-def test_every_number_of_the_readmes_marked_blocks_is_printed_by_the_recompute_script():
+def _sections(printed: str) -> dict[str, list[str]]:
+    """fair.py's output by scenario: the lines under each ``## <scenario>`` heading."""
+    sections: dict[str, list[str]] = {}
+    for part in printed.split("\n## ")[1:]:
+        name, *lines = part.splitlines()
+        sections[name.strip()] = lines
+    return sections
+
+
+def _scenario(task_link: str, sections: dict[str, list[str]]) -> str:
+    """The scenario a README row is about: the one whose name, after its task, carries the row's link numbers
+    ("MLP, 800 -> 80 -> 300 Mbit" is syn4-steps-800-80-300)."""
+    numbers = re.findall(r"\d+", task_link.split(",", 1)[1])
+    named = [name for name in sections if re.findall(r"\d+", name.split("-", 1)[1]) == numbers]
+    assert len(named) == 1, f"README row {task_link!r}: no one scenario of {sorted(sections)} has its numbers"
+    return named[0]
+
+
+def _expected_cells(headers: list[str], lines: list[str], ours: str) -> list[str]:
+    """What each column of a README row says for the scenario printed as ``lines``, read off the line that
+    column quotes: ours's TTA from its row of the method table, the fastest other method and the mean ratio
+    from issue 36's bar, each paired ratio [95% CI] from the comparison line of that method, and the accuracy
+    after equal epochs, ours's / the fastest fixed method's, from the bar's second line."""
+    text = "\n".join(lines)
+    mine = next(line for line in lines if line.startswith(f"| {ours} |")).split("|")
+    bar = re.search(rf"^bar: {re.escape(ours)}'s mean TTA / the fastest other method's \((\S+), (\d+\.\d+) s\) = "
+                    r"(\d+\.\d+)", text, re.M)
+    accuracy = re.search(r"^bar: accuracy after \S+ epochs (\d+\.\d+) .*? against the fastest fixed method's "
+                         r"\(\S+\) (\d+\.\d+)", text, re.M)
+    assert bar and accuracy, f"fair.py printed no bar for {ours}:\n{text}"
+    fastest = bar.group(1)
+
+    def paired(against: str) -> str:
+        """The ratio [95% CI] of ours's comparison line whose parenthesis names ``against`` (a regex)."""
+        found = re.search(rf"^{re.escape(ours)} / [^:]*?\(({against})[,)][^:]*: (\d+\.\d+ \[\d+\.\d+, \d+\.\d+\])",
+                          text, re.M)
+        assert found, f"fair.py printed no comparison of {ours} with {against}"
+        return found.group(2) + (f" (r{found.group(1).split('-r')[1]})" if against.startswith("powersgd") else "")
+
+    columns = {
+        "candidate TTA": lambda: f"{mine[4].strip()} s",
+        "fastest other": lambda: f"{fastest}: {bar.group(2)} s",
+        "mean ratio": lambda: bar.group(3),
+        "paired vs it": lambda: paired(re.escape(fastest)).split(" (r")[0],
+        "vs best TopK": lambda: paired(r"topk-[0-9.]+"),
+        "vs best PowerSGD": lambda: paired(r"powersgd-r\d+"),
+        "vs dc2": lambda: paired("dc2"),
+        "vs the paper's": lambda: paired("netsense"),
+        "accuracy after equal epochs": lambda: f"{accuracy.group(1)} / {accuracy.group(2)}",
+    }
+    cells = []
+    for header in headers:
+        known = [key for key in columns if header.startswith(key)]
+        assert len(known) == 1, f"README column {header!r}: tests/test_claims.py does not know which line it quotes"
+        cells.append(columns[known[0]]())
+    return cells
+
+
+def test_every_cell_of_the_readmes_marked_tables_is_what_the_recompute_script_prints_for_its_row_and_column():
+    """Row by row, cell by cell: a number printed for another scenario, or for another method of the same one
+    (two methods' ratios swapped within a row), is not the number the README's column says it is."""
     with open(os.path.join(REPO, "README.md")) as fh:
         readme = fh.read()
     blocks = BLOCK.findall(readme)
     assert blocks, "the README's fair-comparison blocks (<!-- fair.py: ... --> ... <!-- /fair.py -->) are missing"
     assert readme.count("<!-- fair.py") == readme.count("<!-- /fair.py -->") == len(blocks), "a marker not read"
     for args, text in blocks:
-        quoted = set(NUMBER.findall(text))
-        assert len(quoted) >= 10, (args, quoted)
+        lines = [line.strip() for line in text.strip().splitlines()]
+        assert all(line.startswith("|") for line in lines), f"fair.py{args}: a block holds its table only"
+        headers, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+        assert len(rows) >= 2 and headers[0] == "task, link", (args, headers)
         printed = subprocess.run([sys.executable, os.path.join(REPO, "testbed", "fair.py"), *args.split()],
                                  capture_output=True, text=True, check=True, cwd=REPO).stdout
-        missing = sorted(n for n in quoted if n not in set(NUMBER.findall(printed)))
-        assert not missing, f"README numbers `testbed/fair.py{args}` does not print: {missing}"
+        sections = _sections(printed)
+        ours = dict(zip(args.split()[::2], args.split()[1::2], strict=True)).get("--ours", "tta")
+        scenarios = [_scenario(row[0], sections) for row in rows]
+        assert len(set(scenarios)) == len(rows), f"fair.py{args}: two rows about one scenario: {scenarios}"
+        for row, scenario in zip(rows, scenarios, strict=True):
+            expected = _expected_cells(headers[1:], sections[scenario], ours)
+            for header, cell, want in zip(headers[1:], row[1:], expected, strict=True):
+                assert cell == want, (f"README `fair.py{args}`, row {row[0]!r} ({scenario}), column {header!r}: "
+                                      f"{cell!r}, where fair.py prints {want!r}")
 
 
 def _load(script: str):
