@@ -102,14 +102,14 @@ def conservation(rank, world, steps, device="cpu"):
     return (received * world).tolist(), (total_fed - total_residual).tolist()
 
 
-def train_method(rank, world, method, steps, extra, device="cpu", hidden=64):
+def train_method(rank, world, method, steps, extra, device="cpu", hidden=64, lr=0.1, momentum=0.9):
     import torch.distributed as dist
 
     from netsense.compression import register
 
     model = _ddp(_tiny_mlp(hidden=hidden), {"method": method, **extra}, device)
     state = register(model, {"method": method, **extra})
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     losses = []
     for step in range(steps):
         x, y = _batch(rank, step, n=32)
@@ -285,24 +285,40 @@ def test_every_method_keeps_ranks_identical_and_decisions_agree(device):
             assert any(not dense for _, _, dense in decisions[0][1:]), f"tta: {decisions[0]}"
 
 
-# Where a method's compression follows loopback timing and nothing makes up for what it drops, the test pins
-# it: the paper's netsense (no error feedback) chose 1-4% density here from the machine's timing and ended at
-# 0.33-0.45 held-out loss against the bar's 0.45 (CI failed once at 0.452). Pinned at a 20% ratio it runs its
-# whole pipeline (pruning, TopK, no residual) the same on every machine.
+# Plain SGD (no momentum), so that what a step does not send is missing from the model: with the optimizer's
+# momentum 0.9 TopK without error feedback ended where TopK with it did (0.214 against 0.210 held-out loss at
+# 20%) and the bound passed it. Each method's settings pin what would otherwise follow loopback timing, which
+# differs from machine to machine: the paper's netsense (no error feedback) at a 20% ratio runs its whole
+# pipeline (pruning, TopK, no residual) the same everywhere; dc2 and tta choose their densities from it, at 1%
+# or more (dc2 at its 0.1% floor ended at 1.47x allreduce's loss on one seed of five: 2 of 1669 values a step).
 TRAINING_SETTINGS = {
-    "topk": {"density": 0.2},
+    "topk": {"density": 0.01},
     "netsense": {"initialRatio": 0.2, "minRatio": 0.2, "maxRatio": 0.2},
+    "dc2": {"minDensity": 0.01},
+    "tta": {"minDensity": 0.01},
 }
+# Held-out loss after 60 steps (lr 0.5), measured on seeds 0-4 (seed 0 is this test's; the others varied the
+# initial weights and the batches): allreduce 0.263, 0.293, 0.303, 0.267, 0.292, fp16 the same to 3 decimals.
+# Over allreduce's: with error feedback PowerSGD rank 1 1.02-1.10, TopK 1% 0.97-1.10 (without it 2.58-3.13),
+# dc2 0.93-1.08 (seeds 0-6), tta 0.99-1.03; the paper's netsense without it 1.10-1.19.
+ERROR_FEEDBACK = {"powersgd", "topk", "dc2", "tta"}
 
 
 def test_methods_train_about_as_well_as_allreduce():
+    """Each method's held-out loss after the same 60 steps, against allreduce's: fp16 the same; a method with
+    error feedback within 1.2x + 0.05 (what it did not send yet is sent later; TopK without it ends near 3x);
+    the paper's netsense, which drops what it does not send, within 1.3x + 0.05."""
     steps = 60
     held_out = {}
     for method in METHODS:
-        held_out[method] = run_world(train_method, 2, method, steps, TRAINING_SETTINGS.get(method, {}))[0][2]
+        held_out[method] = run_world(train_method, 2, method, steps, TRAINING_SETTINGS.get(method, {}), "cpu", 64,
+                                     0.5, 0.0)[0][2]
     base = held_out["allreduce"]
+    assert base < 0.5, f"allreduce itself did not train: held-out loss {base:.3f}"
+    assert abs(held_out["fp16"] - base) <= 0.01, f"fp16: held-out loss {held_out['fp16']:.3f} vs allreduce {base:.3f}"
     for method, loss in held_out.items():
-        assert loss <= base * 1.5 + 0.15, f"{method}: held-out loss {loss:.3f} vs allreduce {base:.3f}"
+        bound = base * 1.2 + 0.05 if method in ERROR_FEEDBACK else base * 1.3 + 0.05
+        assert loss <= bound, f"{method}: held-out loss {loss:.3f} vs allreduce {base:.3f} (bound {bound:.3f})"
 
 
 def test_world_size_one_works_for_every_method():
@@ -451,21 +467,58 @@ def test_the_conv_topk_prior_applies_to_models_with_convolutions_only(conv, scal
 
 
 def powersgd_two_buckets(rank, world):
+    """Rank-1 PowerSGD (dense before step 2) on a model of two 1 MB layers, which DDP puts in two buckets. Per
+    step, the matrix rank of each weight's received gradient; the buckets the hook kept a residual for; the
+    largest difference of this rank's received gradients from rank 0's; and of world x everything received
+    from everything the ranks fed in less the residuals they hold (relative to the largest entry fed in)."""
+    import copy
+
+    import torch.distributed as dist
+
     from netsense.compression import register
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))  # > 1 MB
+    local = copy.deepcopy(model)  # the same weights (nothing steps them): each rank's own gradient, uncompressed
     ddp = _ddp(model, {"method": "powersgd", "startIter": 2})
-    register(ddp, {"method": "powersgd", "startIter": 2})
+    state = register(ddp, {"method": "powersgd", "startIter": 2})
+    params, local_params = list(model.parameters()), list(local.parameters())
+    received = [torch.zeros_like(p) for p in params]
+    fed = [torch.zeros_like(p) for p in params]
+    matrix_ranks = []
     for step in range(5):
         ddp.zero_grad()
+        local.zero_grad()
         x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step * 10 + rank))
         ddp(x).pow(2).mean().backward()
-    return True
+        local(x).pow(2).mean().backward()
+        for got, sent, p, q in zip(received, fed, params, local_params, strict=True):
+            got += p.grad
+            sent += q.grad
+        matrix_ranks.append([int(torch.linalg.matrix_rank(p.grad)) for p in params if p.dim() == 2])
+    state.finish()
+    flat = torch.cat([g.view(-1) for g in received])
+    first = flat.clone()
+    dist.broadcast(first, 0)
+    held = torch.cat([state.memory.layout.by_param[id(p)].view(-1) for p in params])
+    totals = torch.stack([torch.cat([f.view(-1) for f in fed]), held])
+    dist.all_reduce(totals)
+    lost = float((world * flat - (totals[0] - totals[1])).abs().max() / totals[0].abs().max())
+    return matrix_ranks, sorted(state.memory.residuals), float((flat - first).abs().max()), lost
 
 
-def test_powersgd_with_several_buckets_does_not_deadlock_on_gloo():
-    assert run_world(powersgd_two_buckets, 2, timeout=120) == [True, True]
+def test_powersgd_with_several_buckets_agrees_across_ranks_and_keeps_what_it_did_not_send():
+    """On gloo, with the model in several buckets (which torch's own hook could not run without a deadlock):
+    every rank receives the same gradients; the dense steps before startIter are of full rank and the
+    compressed ones of rank 1; and with error feedback nothing is lost, weights and biases alike: world x
+    what was received == what the ranks fed in - what they still hold."""
+    results = run_world(powersgd_two_buckets, 2, timeout=120)
+    for matrix_ranks, buckets, apart, lost in results:
+        assert len(buckets) >= 2, f"the model was to take several buckets: {buckets}"
+        assert [min(r) for r in matrix_ranks[:2]] == [16, 16] and [max(r) for r in matrix_ranks[2:]] == [1, 1, 1], \
+            matrix_ranks  # the mean of 2 ranks' batches of 8: rank 16
+        assert apart == 0, f"the ranks received different gradients (by {apart})"
+        assert lost < 1e-5, f"PowerSGD lost {lost:.2e} of the gradient"
 
 
 def _native():

@@ -6,6 +6,7 @@ rank a copy of its shaper's queue samples. The trainer writes, never the root sh
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -87,24 +88,40 @@ def test_a_pod_template_may_not_take_the_output_volumes_name():
 
 def _trainer_with_rows() -> SimpleNamespace:
     timeline = Timeline()
-    timeline.add(step=1, t=0.5, loss=2.0)
+    timeline.add(step=1, time=0.5, loss=2.0)
     return SimpleNamespace(timeline=timeline)
 
 
+# A result as the trainer returns it (Trainer._result), the keys a user reads first: how the run ended, the
+# target and whether it held, its time to accuracy, the accuracy curve it was read off, where the files are.
+RESULT = {"job": "tta-50", "method": "tta", "workers": 2, "status": "Succeeded", "steps": 50, "train_seconds": 5.2,
+          "best_accuracy": 0.94, "final_accuracy": 0.94, "target_accuracy": 0.9, "target_hold": 3,
+          "time_to_accuracy_s": 2.4, "target_reached": True, "mean_density": 0.0125,
+          "dense_steps": {"controller": 2}, "family_pilot": None, "artifacts": "pvc://r/j/attempt-0",
+          "accuracy_curve": [[10, 1.1, 0.62], [20, 2.4, 0.91], [30, 3.3, 0.92], [40, 4.2, 0.93], [50, 5.2, 0.94]]}
+
+
 def test_rank_0_keeps_its_timeline_and_result_every_rank_its_links_samples(tmp_path, monkeypatch):
+    from netsense.train.results import read_timeline
+
     samples = tmp_path / "shaper-tmp" / "netsense-queue.csv"
     samples.parent.mkdir()
     samples.write_text("t,dev,backlog_bytes\n0.1,eth0,0\n0.2,eth0,15")  # the shaper mid-row
     monkeypatch.setenv(gang.QUEUE_CSV_ENV, str(samples))
     for rank in (0, 1):
         monkeypatch.setenv(gang.OUT_DIR_ENV, str(tmp_path / f"rank-{rank}"))
-        _keep_artifacts(_trainer_with_rows(), rank, {"status": "Succeeded", "artifacts": "pvc://r/j/attempt-0"}
-                        if rank == 0 else None)
+        _keep_artifacts(_trainer_with_rows(), rank, RESULT if rank == 0 else None)
     assert sorted(os.listdir(tmp_path / "rank-0")) == ["queue.csv", "result.json", "timeline.csv"]
     assert os.listdir(tmp_path / "rank-1") == ["queue.csv"]
     # Complete rows only: the row the shaper was writing is left out.
     assert (tmp_path / "rank-1" / "queue.csv").read_text() == "t,dev,backlog_bytes\n0.1,eth0,0\n"
-    assert "step" in (tmp_path / "rank-0" / "timeline.csv").read_text()
+    [row] = read_timeline(str(tmp_path / "rank-0" / "timeline.csv"))
+    assert (row["step"], row["time"], row["loss"]) == (1, 0.5, 2.0)
+    # The whole result, the accuracy curve too (the termination message leaves it out; the file must not).
+    kept = json.loads((tmp_path / "rank-0" / "result.json").read_text())
+    assert kept == RESULT
+    assert kept["status"] == "Succeeded" and kept["artifacts"] == "pvc://r/j/attempt-0"
+    assert kept["target_reached"] is True and kept["time_to_accuracy_s"] == kept["accuracy_curve"][1][1]
 
 
 def test_a_volume_that_cannot_be_written_costs_the_artifacts_not_the_run(tmp_path, monkeypatch, capsys):

@@ -183,3 +183,34 @@ def test_powersgd_with_momentum_correction_trains_as_ttas_low_rank_steps_do():
     before, after, dense = run_world(training_run, 2, 30, None, {"momentumCorrection": True})[0]
     assert not any(dense)
     assert after < 0.5 * before, f"held-out loss {before:.3f} -> {after:.3f}"
+
+
+def recorded_ranks(rank: int, world: int, ranks: list[int], steps: int = 3) -> dict:
+    """For each PowerSGD rank, on an MLP of its own: each step's record (the rank, whether dense, the elements
+    sent); and the elements that rank's factors and the parameters sent whole come to (lowrank.layout)."""
+    from netsense.compression.lowrank import layout
+
+    out = {}
+    for r in ranks:
+        model, state = _ddp(_mlp(), {"method": "powersgd", "rank": r})
+        for step in range(steps):
+            x, y = _batch(rank, step)
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        state.finish()
+        matrices, whole = layout([tuple(p.shape) for p in model.parameters()], r)
+        factors = sum(min(r, n, m) * (n + m) for n, m in matrices) + whole
+        out[r] = [(h["rank"], h["dense"], h["elements_sent"]) for h in state.history], factors
+    return out
+
+
+@pytest.mark.gloo
+def test_the_rank_each_step_records_is_the_rank_it_sent_and_every_rank_records_the_same():
+    """The timeline's rank column (and the result's lowrank_steps) is read off the step records: each says the
+    rank whose factors went on the wire (the MLP's 5 x 64 layer travels whole above rank 2: too small to gain),
+    and every rank of the job recorded the same."""
+    first, second = run_world(recorded_ranks, 2, [1, 2, 4])
+    assert first == second, "the ranks recorded different steps"
+    for r, (records, factors) in first.items():
+        assert records == [(r, False, factors)] * 3, (r, factors, records)
+    assert first[1][1] < first[2][1] < first[4][1] < 1669  # three different payloads, each smaller than dense
