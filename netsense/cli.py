@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=textwrap.fill("Run every cell of GRID (methods x bandwidth profiles x seeds), each method "
                                    "to the same target accuracy with the same budget, in a shuffled, "
                                    "interleaved order; write DIR/summary.json (every run), table.json and "
-                                   "summary.md (time to accuracy with paired intervals, failed runs named) and "
+                                   "summary.md (time to target with paired intervals, failed runs named) and "
                                    "plots. A run interrupted and started again with the same --out reuses its "
                                    "finished cells.", 79),
                        epilog=_grid_format(), formatter_class=argparse.RawDescriptionHelpFormatter)

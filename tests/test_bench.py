@@ -306,7 +306,7 @@ def test_local_bench_writes_summary_table_and_plots(tmp_path):
     assert all(row["after_epochs"]["n"] == "1/1" for row in table)
     md = (out / "summary.md").read_text()
     assert "| allreduce |" in md and "regret" in md
-    assert (out / "tta.png").exists() and (out / "density_vs_link.png").exists()
+    assert (out / "time_to_target.png").exists() and (out / "density_vs_link.png").exists()
 
 
 @pytest.mark.apiserver
@@ -427,7 +427,7 @@ def test_an_early_target_and_the_accuracy_after_equal_epochs_are_read_off_the_sa
     assert by["a"]["after_epochs"]["mean"] == 0.91 and by["a"]["after_epochs"]["n"] == "2/2"
     assert by["b"]["after_epochs"]["mean"] is None and by["b"]["after_epochs"]["n"] == "0/2"
     md = markdown("t", rows, {"targets": [0.85], "accuracyAfterEpochs": 5, "base": {"training": {}}})
-    assert "TTA s to 0.85" in md and "accuracy after 5 epochs" in md and "| a | 3.00 | 0.00 | 6.00" in md
+    assert "time to 0.85 s" in md and "accuracy after 5 epochs" in md and "| a | 3.00 | 0.00 | 6.00" in md
 
 
 def test_targets_above_the_one_every_run_stops_at_are_refused(tmp_path):

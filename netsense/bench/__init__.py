@@ -3,14 +3,15 @@
 Fair means: every method runs to the SAME fixed target accuracy with the SAME
 wall budget (a run that does not reach the target is reported as not reached,
 never cut short when another method peaks), over several seeds, and the measure
-that counts is time to accuracy (TTA). Regret = a method's mean TTA / the best
-method's mean TTA in that scenario. Every row also says its samples/s over allreduce's on the same link
+that counts is the time to the target ("time to target"; not to be confused with the method tta, our
+controller). Regret = a method's mean time to target / the best method's in that scenario. Every row also says its samples/s over allreduce's on the same link
 (x allreduce: the paper's headline measure) and, with ``ceiling``, over the no-communication ceiling:
 ``true``, one worker alone (no second worker's collectives on its cores); ``matched``, each fixed method's cell
 followed by its twin without the wire (both workers run the whole hook path, every collective moves no bytes;
 an adaptive method is read against the twins of the fixed TopK density nearest its own), which also gives
 each method's exposed network time per step against the wire time of the bytes it sent.
-A sensitivity section adds a table of each variant's TTA over its method's own, paired on the same seeds.
+A sensitivity section adds a table of each variant's time to target over its method's own, paired on the same
+seeds.
 
 A grid file::
 

@@ -54,16 +54,16 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              else "in the grid's order (method by method)")
     lines = [f"# Benchmark: {name}", "", f"{source} Cells ran {order} in one invocation.".strip(), "",
              f"Target accuracy {t.get('targetAccuracy')} for every method, reached when held "
-             f"{t.get('targetHold', 3)} evaluations in a row (TTA: the first of them); budget "
+             f"{t.get('targetHold', 3)} evaluations in a row (the time to target: the first of them); budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
-             "TTA = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
+             "Time to target = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
              "within the budget). Failed = runs that ended in an error (each listed under its table with the "
              "reason; they count as not reached, and the other columns are means over the runs that finished). "
-             "Regret = TTA / best TTA in the scenario. Paired = the geometric mean over "
-             "common seeds of TTA / the best other method's TTA (named; a method's own variants are not "
+             "Regret = time to target / the best in the scenario. Paired = the geometric mean over "
+             "common seeds of time to target / the best other method's (named; a method's own variants are not "
              f"its peers: {_families(grid)}), with its 95% t interval on the log ratios (from 5 seeds): a "
              "method leads only where the interval is below 1; wins = the share of seeds on which it was the "
-             "fastest of all; (best fixed) marks the fixed TopK density of the sweep with the lowest mean TTA "
+             "fastest of all; (best fixed) marks the fixed TopK density of the sweep with the lowest mean time to target "
              "(the hindsight-best fixed density). x allreduce = samples/s over allreduce's on the same link "
              "(the paper's headline measure). Steps = training steps to the "
              "target (accuracy per step, apart from speed). Queue p99 = the p99 queueing delay of the run's "
@@ -85,7 +85,7 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                   "against the wire time of the bytes it sent at the link's median rate.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
         lines += [f"## {scenario}", "",
-                  "| method | TTA s | ± | regret | paired vs best other [95% CI] | wins | reached | failed | steps "
+                  "| method | time to target s | ± | regret | paired vs best other [95% CI] | wins | reached | failed | steps "
                   "| samples/s "
                   "| x allreduce | x ceiling | best acc | final acc "
                   "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
@@ -125,13 +125,13 @@ def _sensitivity(varied: list[dict]) -> list[str]:
     """One constant at a time: each variant's time to the target over the method's own, same seeds."""
     lines = ["## Sensitivity", "",
              "One constant changed at a time, everything else at the method's settings. Ratio = the geometric "
-             "mean over common seeds of the variant's TTA / the method's own TTA, with its 95% t interval on the "
+             "mean over common seeds of the variant's time to target / the method's own, with its 95% t interval on the "
              "log ratios (from 5 seeds; above 1: slower); Holm = still significant at 5% when every row of this "
              "table is counted (Holm's correction): an interval that excludes 1 on its own is one comparison of "
              "many; reached = seeds that reached the target within the budget (a seed either never reached is "
              "censored and not in the ratio).", "",
-             "| scenario | method | constant | value | TTA ratio [95% CI] | Holm | n | reached | method reached "
-             "| TTA s | method TTA s |",
+             "| scenario | method | constant | value | time-to-target ratio [95% CI] | Holm | n | reached | method reached "
+             "| time to target s | method's time to target s |",
              "| --- | --- | --- | ---: | ---: | :---: | ---: | :---: | :---: | ---: | ---: |"]
     for v in sorted(varied, key=lambda v: (v["scenario"], v["method"], v["constant"], str(v["value"]))):
         ratio = "-" if v["ratio"] is None else interval(v["ratio"], v["ratio_lo"], v["ratio_hi"])
@@ -143,7 +143,7 @@ def _sensitivity(varied: list[dict]) -> list[str]:
 
 
 def sensitivity_plot(out_dir: str, varied: list[dict]) -> list[str]:
-    """sensitivity.png: per scenario, each variant's TTA ratio with its interval (log scale; 1 = no change)."""
+    """sensitivity.png: per scenario, each variant's time-to-target ratio with its interval (log scale; 1 = no change)."""
     if not varied:
         return []
     try:
@@ -172,7 +172,7 @@ def sensitivity_plot(out_dir: str, varied: list[dict]) -> list[str]:
         ax.set_xscale("log")
         ax.set_yticks(range(len(variants)), variants, fontsize=6)
         ax.set_title(scenario, fontsize=9)
-        ax.set_xlabel("TTA / the method's own (log)", fontsize=8)
+        ax.set_xlabel("time to target / the method's own (log)", fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, "sensitivity.png")
     fig.savefig(path, dpi=90)
@@ -185,12 +185,12 @@ def _readings(grid: dict, rows: list[dict]) -> list[str]:
     targets, epochs = grid.get("targets", []), grid.get("accuracyAfterEpochs")
     if not targets and not epochs:
         return []
-    head = "| method |" + "".join(f" TTA s to {t} | ± | paired vs best other [95% CI] | reached |" for t in targets)
+    head = "| method |" + "".join(f" time to {t} s | ± | paired vs best other [95% CI] | reached |" for t in targets)
     rule = "| --- |" + " ---: | ---: | ---: | :---: |" * len(targets)
     if epochs:
         head += f" accuracy after {epochs:g} epochs | ± | seeds |"
         rule += " ---: | ---: | :---: |"
-    lines = ["Further readings of the same runs (each run's accuracy curve; TTA held the same number of "
+    lines = ["Further readings of the same runs (each run's accuracy curve; the target held the same number of "
              "evaluations; accuracy after equal epochs: the last evaluation within them, over the seeds that "
              "trained that long):", "", head, rule]
     for r in rows:
@@ -234,10 +234,10 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
             ax.text(1.01, y, paired(row).split(" (n=")[0] if row.get("paired_ratio") else
                     f"reached {row['reached']}", transform=ax.get_yaxis_transform(), fontsize=6, va="center")
         ax.set_yticks(range(len(methods)), methods, fontsize=7)
-        ax.set_xlabel("time to accuracy (s): seeds, and their mean", fontsize=8)
+        ax.set_xlabel("time to target (s): seeds, and their mean", fontsize=8)
         ax.set_title(scenario, fontsize=9)
     fig.tight_layout()
-    path = os.path.join(out_dir, "tta.png")
+    path = os.path.join(out_dir, "time_to_target.png")  # not tta.png: tta is a method's name
     fig.savefig(path, dpi=90)
     plt.close(fig)
     made.append(path)

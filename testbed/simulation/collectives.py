@@ -4,8 +4,8 @@ between its hosts, and compares the median of their measured times with netsense
 
     sudo .venv/bin/python testbed/simulation/collectives.py [--out testbed/results/sim-collectives]
 
-Writes <out>.jsonl (one record a measurement: workers, rate, kind, size, the measured repetitions, the model)
-and <out>.md (the table). A collective starts after an idle gap, as a step's first bucket does (a barrier,
+Writes <out>.jsonl (the results store, netsense.bench.store: a record a measurement: workers, rate, kind, size,
+the measured repetitions, the model) and <out>.md (the table), and rewrites the store's index. A collective starts after an idle gap, as a step's first bucket does (a barrier,
 then 50 ms of nothing): what training sees, slow start included. Cells whose model says more than
 --max-seconds a repetition are left out (10 Mbit x 8 MB would take minutes and says nothing new).
 """
@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from netsense.bench import store  # noqa: E402
 from netsense.clock.simulated import collective_seconds  # noqa: E402
 from netsense.emulation.cluster import LocalCluster  # noqa: E402
 from netsense.shaping.profiles import build_profile  # noqa: E402
@@ -112,8 +113,7 @@ def main() -> int:
     ap.add_argument("--print", action="store_true", help="print the committed table from <out>.jsonl, run nothing")
     args = ap.parse_args()
     if args.print:
-        with open(args.out + ".jsonl") as fh:
-            print(table([json.loads(line) for line in fh]))
+        print(table(store.load(args.out + ".jsonl")))
         return 0
     records = []
     started = time.monotonic()
@@ -125,15 +125,14 @@ def main() -> int:
             print(f"collectives: {world} workers at {rate}: {plan} ({time.monotonic() - started:.0f} s so far)",
                   file=sys.stderr, flush=True)
             records += measure(world, rate, plan, args.reps)
-    with open(args.out + ".jsonl", "w") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
+    store.save(args.out + ".jsonl", records)
     md = table(records)
     with open(args.out + ".md", "w") as fh:
         fh.write("# The simulated clock against the emulated link: one collective at a time\n\n"
                  "Produced by `testbed/simulation/collectives.py` (median of the repetitions after a warm-up one; "
                  "each after a barrier and 50 ms idle); the model is netsense.clock.simulated's "
                  f"collective_seconds with the default {HOP_LATENCY_S * 1e6:.0f} us a hop.\n\n" + md + "\n")
+    store.write_index(os.path.dirname(args.out) or ".")
     print(md)
     return 0
 

@@ -1,15 +1,15 @@
 """Validation of the simulated clock, layer (b): the same grid on both clocks, cell by cell (issue 61).
 
-    sudo .venv/bin/python testbed/simulation/training.py GRID --out DIR [--seeds 0,1,2]
-    .venv/bin/python testbed/simulation/training.py GRID --out DIR --print   # the table from DIR, nothing run
+    sudo .venv/bin/python testbed/simulation/training.py GRID --out runs/DIR [--results testbed/results/NAME]
+    .venv/bin/python testbed/simulation/training.py GRID --results testbed/results/NAME --print  # nothing run
 
 Runs GRID as written (clock: real, the emulated link) into DIR/real and with every cell on the simulated clock
 into DIR/simulated (two cells at once: its times do not depend on the load), each resumable. Fixed methods
 train the same on both clocks (one thread, the same seed: only the clock differs), so each pair must reach the
 target at the same step; the time to reach it is then the time model's alone. For each (method, scenario):
 whether the steps agreed on every seed, and the ratio simulated / emulated time to accuracy as a 95% t
-interval over the seeds (netsense.bench.stats.t_interval). Writes DIR/pairs.jsonl (a record per seed) and
-DIR/table.md. Adaptive methods decide on what each clock tells them, so their steps may differ: the table
+interval over the seeds (netsense.bench.stats.t_interval). Writes NAME.jsonl (the results store: a record
+per seed pair) and NAME.md (the table), and rewrites the store's index. Adaptive methods decide on what each clock tells them, so their steps may differ: the table
 says so rather than pairing their times.
 """
 
@@ -24,7 +24,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from netsense.bench import run_bench  # noqa: E402
+from netsense.bench import run_bench, store  # noqa: E402
 from netsense.bench.stats import reached_at, t_interval  # noqa: E402
 
 
@@ -85,25 +85,23 @@ def table(records: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("grid")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default="runs/sim-training", help="the two benches' run directories (resumable)")
+    ap.add_argument("--results", default="testbed/results/sim-training", help="the committed records and table")
     ap.add_argument("--seeds", help="S,S,...: only these of the grid's seeds")
-    ap.add_argument("--print", action="store_true", help="the table from --out's records; nothing is run")
+    ap.add_argument("--print", action="store_true", help="the table from --results's records; nothing is run")
     args = ap.parse_args()
     if not args.print:
         os.makedirs(args.out, exist_ok=True)
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
         run_bench(simulated_grid(args.grid, args.out), os.path.join(args.out, "simulated"), seeds=seeds, parallel=2)
         run_bench(args.grid, os.path.join(args.out, "real"), seeds=seeds)
-        records = pairs(args.out)
-        with open(os.path.join(args.out, "pairs.jsonl"), "w") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
-    with open(os.path.join(args.out, "pairs.jsonl")) as fh:
-        md = table([json.loads(line) for line in fh])
+        store.save(args.results + ".jsonl", pairs(args.out))
+    md = table(store.load(args.results + ".jsonl"))
     if not args.print:
-        with open(os.path.join(args.out, "table.md"), "w") as fh:
+        with open(args.results + ".md", "w") as fh:
             fh.write(f"# The simulated clock against the emulator, training (grid {args.grid})\n\n"
-                     "Produced by `testbed/simulation/training.py`.\n\n" + md + "\n")
+                     "Produced by `testbed/simulation/training.py` (print it again: `--print`).\n\n" + md + "\n")
+        store.write_index(os.path.dirname(args.results) or ".")
     print(md)
     return 0
 

@@ -718,7 +718,7 @@ def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(n
     print(f"\nE2E campaign: 4 cells, 2 at a time, in {time.monotonic() - t0:.0f}s")
     table = json.loads((out / "table.json").read_text())
     assert {r["method"] for r in table} == {"allreduce", "topk-0.1"} and all(r["reached"] == "2/2" for r in table)
-    assert (out / "summary.md").exists() and (out / "tta.png").exists() and (out / "density_vs_link.png").exists()
+    assert (out / "summary.md").exists() and (out / "time_to_target.png").exists() and (out / "density_vs_link.png").exists()
     from netsense.train.results import read_timeline
 
     for cell in (d for d in out.iterdir() if (d / "result.json").exists()):
