@@ -12,7 +12,7 @@ PRINTER_COLUMNS = [
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Samples/s", "type": "number", "jsonPath": ".status.progress.samplesPerSecond"},
     {"name": "Best-Acc", "type": "number", "jsonPath": ".status.bestAccuracy"},
-    {"name": "Target", "type": "string", "jsonPath": '.status.conditions[?(@.type=="TargetReached")].status'},
+    {"name": "Target", "type": "string", "jsonPath": ".status.target"},  # reached at 12.3 s | missed (best 0.939)
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -321,7 +321,8 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             reached, why, said = st.target_condition(result)
             conditions = st.set_condition(conditions, "TargetReached", reached, why, said)
             best = result.get("best_accuracy")
-            _update(patch, status, bestAccuracy=None if best is None else round(best, 3))
+            _update(patch, status, bestAccuracy=None if best is None else round(best, 3),
+                    target=st.target_summary(result), progress=st.final_progress(status.get("progress"), result))
             message += f": {said}" if reached != "Unknown" else (
                 f": best accuracy {best:.3f}" if best is not None else "")
         finish(st.SUCCEEDED, "Completed", message, [])

@@ -131,6 +131,26 @@ def target_condition(result: dict) -> tuple[str, str, str]:
     return ("False", "NotReached", f"accuracy {target} was not held {hold} evaluations in a row (best {best_text})")
 
 
+def target_summary(result: dict) -> str:
+    """What `kubectl get nsj`'s TARGET column says first: reached (when), missed (the best it did), or none set;
+    a Succeeded job can have missed its target, and the phase alone would read as success."""
+    target, best = result.get("target_accuracy"), result.get("best_accuracy")
+    if target is None:
+        return "no target"
+    if result.get("time_to_accuracy_s") is not None:
+        return f"reached at {result['time_to_accuracy_s']:.1f} s"
+    return f"missed (best {'none' if best is None else format(best, '.3f')})"
+
+
+def final_progress(progress: dict | None, result: dict) -> dict:
+    """status.progress once the job is done, from rank 0's result: its steps and mean samples/s (a job shorter
+    than a read of the log never showed any, and `kubectl get nsj` showed its PROGRESS and SAMPLES/S blank)."""
+    steps, epochs = result.get("steps"), result.get("epochs")
+    done = ", ".join(([f"{steps} steps"] if steps is not None else []) + ([f"{epochs:g} epochs"] if epochs else []))
+    return {**(progress or {}), "step": steps, "samplesPerSecond": result.get("throughput_samples_per_s"),
+            "summary": f"done: {done}" if done else "done"}
+
+
 def result_of(pod: dict) -> dict | None:
     """rank 0's result, written to its termination message as one JSON line."""
     term = trainer_terminated(pod) or {}
