@@ -93,7 +93,7 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
             r["timeline"] = None
         with lock:
             done[i] = r
-            print((said + "\n" if said else "") + f"    -> {cell.name}: {r.get('status')}: TTA "
+            print((said + "\n" if said else "") + f"    -> {cell.name}: {r.get('status')}: time to target "
                   f"{report.fmt(r.get('time_to_accuracy_s'))} s, {report.fmt(r.get('throughput_samples_per_s'), 0)} "
                   f"samples/s, best acc {report.fmt(r.get('best_accuracy'), 3)}"
                   + (f" ({r.get('reason')})" if r.get("reason") else ""), file=sys.stderr, flush=True)
