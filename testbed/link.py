@@ -9,8 +9,8 @@ payload outran the link. Then one bulk TCP flow for 3 s: its fastest second
 at the receiver. The two pull the bucket's size apart (netsense.shaping.tc):
 a small bucket keeps payloads honest, a large one keeps bulk at the rate when
 the kernel's timer wakes late. The tests hold 10 kB to what one bucket can
-gain, 0.85-1.15x from 47 kB (from 300 kB, 0.8-1.15x at 1 Gbit), and bulk to
-0.9-1.1x.
+gain, larger payloads to netsense.emulation.bulk.payload_bounds (a cell outside
+them is marked !), and bulk to 0.9-1.1x.
 """
 
 from __future__ import annotations
@@ -18,7 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from netsense.emulation.bulk import best_second, bulk_result, payload_rates, start_bulk
+from netsense.emulation.bulk import (
+    best_second,
+    bulk_result,
+    payload_bounds,
+    payload_rates,
+    start_bulk,
+)
 from netsense.emulation.cluster import LocalCluster
 from netsense.shaping.profiles import build_profile
 
@@ -40,7 +46,10 @@ def main() -> None:
             got = payload_rates(c, SIZES)
             bulk = best_second(bulk_result(start_bulk(c, 3.0)), 0.8, 2.8)
         bps = profile.rate_at(0)
-        lines.append(f"| {mbit} Mbit | " + " | ".join(f"{got[s] / bps:.2f}x" for s in SIZES) + f" | {bulk / bps:.2f}x |")
+        from_bytes, low, high = payload_bounds(bps)
+        outside = {s for s in SIZES if s >= from_bytes and not low <= got[s] / bps <= high}
+        lines.append(f"| {mbit} Mbit | " + " | ".join(f"{got[s] / bps:.2f}x{'!' if s in outside else ''}" for s in SIZES)
+                     + f" | {bulk / bps:.2f}x |")
         print(lines[-1], flush=True)
     if args.out:
         with open(args.out, "w") as fh:

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from support.ranks import run_world
+from support.ranks import batch, in_ddp, run_world, tiny_mlp
 
 from netsense.compression import validate_config
 from netsense.compression.selection import Workspace, topk_indices
@@ -27,40 +27,18 @@ def device(request) -> str:
     return request.param
 
 
-def _ddp(model, config=None, device="cpu"):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from netsense.compression import ddp_options
-
-    model.to(device)
-    return DDP(model, device_ids=[0] if device == "cuda" else None, gradient_as_bucket_view=True,
-               **ddp_options(config, "gloo"))
-
-
-def _tiny_mlp(seed=0, hidden=64):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 5))
-
-
-def _batch(rank, step, n=16):
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    x = torch.randn(n, 20, generator=g)
-    y = (x[:, :5].argmax(1))
-    return x, y
-
-
 # ---- rank functions (module level: they are pickled into spawned processes) --------
 
 def grads_after_one_step(rank, world, config, device="cpu"):
     """Returns the averaged gradient of step 1."""
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp(), device=device)
+    model = in_ddp(tiny_mlp(), device=device)
     register(model, config)
     out = []
     for step in range(2):
         model.zero_grad()
-        x, y = _batch(rank, step)
+        x, y = batch(rank, step)
         torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
         out = [p.grad.view(-1).tolist() for p in model.parameters()]
     return out
@@ -70,7 +48,7 @@ def colliding(rank, world, device="cpu"):
     from netsense.compression import register
 
     model = torch.nn.Linear(4, 1, bias=False)
-    ddp = _ddp(model, device=device)
+    ddp = in_ddp(model, device=device)
     register(ddp, {"method": "topk", "density": 0.25})  # k = 1 of 4
     x = {0: [5.0, 0.0, 0.0, -1.0], 1: [-3.0, 0.0, 0.5, 2.0]}[rank]
     ddp(torch.tensor([x], device=device)).sum().backward()  # d/dw = x; step 0 is compressed like any other
@@ -84,7 +62,7 @@ def conservation(rank, world, steps, device="cpu"):
     from netsense.compression import register
 
     model = torch.nn.Linear(50, 1, bias=False)
-    ddp = _ddp(model, device=device)
+    ddp = in_ddp(model, device=device)
     state = register(ddp, {"method": "topk", "density": 0.1})
     fed = torch.zeros(50, device=device)
     received = torch.zeros(50, device=device)
@@ -107,12 +85,12 @@ def train_method(rank, world, method, steps, extra, device="cpu", hidden=64, lr=
 
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp(hidden=hidden), {"method": method, **extra}, device)
+    model = in_ddp(tiny_mlp(hidden=hidden), {"method": method, **extra}, device)
     state = register(model, {"method": method, **extra})
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     losses = []
     for step in range(steps):
-        x, y = _batch(rank, step, n=32)
+        x, y = batch(rank, step, n=32)
         if method in ("netsense", "tta"):
             # Uneven, rank-dependent compute: raw timings differ across ranks, decisions must not.
             import time
@@ -127,7 +105,7 @@ def train_method(rank, world, method, steps, extra, device="cpu", hidden=64, lr=
     flat = torch.cat([p.detach().view(-1) for p in model.parameters()])
     decisions = [(h["density"], h["fp16"], h["dense"]) for h in state.history]
     # final loss on a common held-out batch
-    x, y = _batch(99, 0, n=256)
+    x, y = batch(99, 0, n=256)
     with torch.no_grad():
         held_out = float(torch.nn.functional.cross_entropy(model.module(x.to(device)), y.to(device)))
     dist.barrier()
@@ -151,13 +129,13 @@ def sgd_run(rank, world, config, steps, momentum, weight_decay, device="cpu"):
     bucket layouts after step 0 and at the end (DDP rebuilds its buckets after step 0)."""
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp(), device=device)
+    model = in_ddp(tiny_mlp(), device=device)
     state = register(model, config, momentum=momentum, weight_decay=weight_decay)
     m, wd = state.optimizer_terms(momentum, weight_decay)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m, weight_decay=wd)
     layouts = []
     for step in range(steps):
-        x, y = _batch(rank, step)
+        x, y = batch(rank, step)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
         opt.step()
@@ -177,7 +155,7 @@ def corrected_conservation(rank, world, steps, masking, device="cpu"):
     from netsense.compression import register
 
     model = torch.nn.Linear(50, 1, bias=False)
-    ddp = _ddp(model, device=device)
+    ddp = in_ddp(model, device=device)
     state = register(ddp, {"method": "topk", "density": 0.1, "momentumMasking": masking}, momentum=0.9)
     u = torch.zeros(50, device=device)
     velocities = torch.zeros(50, device=device)
@@ -324,9 +302,9 @@ def test_methods_train_about_as_well_as_allreduce():
 def test_world_size_one_works_for_every_method():
     """A single worker (a laptop, a smoke test) trains under every method: a record per step, finite
     weights, and a held-out loss that falls from the untrained model's."""
-    x, y = _batch(99, 0, n=256)
+    x, y = batch(99, 0, n=256)
     with torch.no_grad():
-        untrained = float(torch.nn.functional.cross_entropy(_tiny_mlp()(x), y))
+        untrained = float(torch.nn.functional.cross_entropy(tiny_mlp()(x), y))
     for method in METHODS:
         (flat, decisions, held_out), = run_world(train_method, 1, method, 20,
                                                  {"startIter": 2} if method == "powersgd" else {})
@@ -347,14 +325,14 @@ def progress_of_the_first_steps(rank, world, steps, momentum=0.0):
 
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp())
+    model = in_ddp(tiny_mlp())
     # A tiny prior knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
     state = register(model, {"method": "tta", "learnKnee": True, "kneeDensity": 1e-4}, momentum=momentum)
     m, _ = state.optimizer_terms(momentum, 0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m)
     grads, updates = [], []
     for step in range(steps):
-        x, y = _batch(rank, step, n=32)
+        x, y = batch(rank, step, n=32)
         alone = copy.deepcopy(model.module)
         torch.nn.functional.cross_entropy(alone(x), y).backward()
         grads.append(torch.cat([p.grad.view(-1) for p in alone.parameters()]))
@@ -381,10 +359,10 @@ def aimd_after_the_warm_up(rank, world):
     """The paper's policy after a dense warm-up step (warmupSteps: 1) and two compressed steps, on a real gang."""
     from netsense.compression import register
 
-    model = _ddp(_tiny_mlp())
+    model = in_ddp(tiny_mlp())
     state = register(model, {"method": "netsense", "quantize": False, "warmupSteps": 1})
     for step in range(3):
-        x, y = _batch(rank, step)
+        x, y = batch(rank, step)
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
     state.finish()
@@ -454,8 +432,8 @@ def topk_prior_of(rank, world, conv):
 
     torch.manual_seed(0)
     net = (torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3), torch.nn.Flatten(), torch.nn.Linear(24, 5)) if conv
-           else _tiny_mlp())
-    state = register(_ddp(net), {"method": "tta", "lowRanks": [4], "convTopkPrior": 1.3})
+           else tiny_mlp())
+    state = register(in_ddp(net), {"method": "tta", "lowRanks": [4], "convTopkPrior": 1.3})
     return state.policy.topk_scale
 
 
@@ -480,7 +458,7 @@ def powersgd_two_buckets(rank, world):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))  # > 1 MB
     local = copy.deepcopy(model)  # the same weights (nothing steps them): each rank's own gradient, uncompressed
-    ddp = _ddp(model, {"method": "powersgd", "startIter": 2})
+    ddp = in_ddp(model, {"method": "powersgd", "startIter": 2})
     state = register(ddp, {"method": "powersgd", "startIter": 2})
     params, local_params = list(model.parameters()), list(local.parameters())
     received = [torch.zeros_like(p) for p in params]

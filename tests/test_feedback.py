@@ -17,16 +17,10 @@ import math
 
 import pytest
 import torch
-from support.ranks import run_world
+from support.ranks import in_ddp, run_world
 
 N = 50  # one Linear(N, 1) without bias: one bucket of N gradient entries, d/dw = x
 SPARSE_DENSITY = 0.1  # k = 5 of 50
-
-
-def _ddp(model: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(model, gradient_as_bucket_view=True)
 
 
 def _exact_gradient(rank: int, step: int) -> torch.Tensor:
@@ -109,7 +103,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
     for name, (method, config, plan, *rest) in cases.items():
         momentum = rest[0] if rest else 0.0
         model = Matrix() if any(k.startswith("lowrank") for k in plan) else torch.nn.Linear(N, 1, bias=False)
-        ddp = _ddp(model)
+        ddp = in_ddp(model)
         state = register(ddp, {"method": method, **config}, momentum=momentum)
         assert state.memory is not None, f"{method} runs with error feedback by default"
         _force(state, method, plan)
@@ -284,7 +278,7 @@ def without_feedback_run(rank: int, world: int, steps: int):
     runs = {}
     for feedback in (False, True):
         model = torch.nn.Linear(N, 1, bias=False)
-        ddp = _ddp(model)
+        ddp = in_ddp(model)
         state = register(ddp, {**NETSENSE_FIXED, "errorFeedback": feedback})
         x = _steady_gradient(rank)
         received = []
@@ -423,7 +417,7 @@ def null_wire_run(rank: int, world: int, other: int) -> dict:
     out = {}
     for name, config in NULL_WIRE.items():
         model = Matrix()
-        ddp = _ddp(model)
+        ddp = in_ddp(model)
         state = register(ddp, config, null_wire=True)
         got = []
         for step in range(3):

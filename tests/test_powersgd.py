@@ -15,21 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.ranks import run_world
+from support.ranks import batch, ddp_with_hook, run_world, tiny_mlp
 
 IN, OUT = 32, 16  # a 16 x 32 weight: rank r costs (16 + 32) r values, 512 dense
 START = 2  # PowerSGD's startIter: dense all-reduce before it
 STEPS = 8
-
-
-def _ddp(model: torch.nn.Module, config: dict, momentum: float = 0.0):
-    """The model under DDP with the method's hook registered, as the trainer does; and the hook's state."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from netsense.compression import ddp_options, register
-
-    ddp = DDP(model, gradient_as_bucket_view=True, **ddp_options(config, "gloo"))
-    return ddp, register(ddp, config, momentum=momentum)
 
 
 def _factors(rank: int, step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +42,7 @@ def low_rank_run(rank: int, world: int, cases: list[tuple], steps: int = STEPS) 
         approx, r, feedback, *values = case
         torch.manual_seed(0)
         model = torch.nn.Linear(IN, OUT, bias=False)
-        ddp, state = _ddp(model, {"method": "powersgd", "rank": approx, "startIter": START, "errorFeedback": feedback,
+        ddp, state = ddp_with_hook(model, {"method": "powersgd", "rank": approx, "startIter": START, "errorFeedback": feedback,
                                   "values": values[0] if values else "fp32"})
         errors, received, fed = [], torch.zeros(OUT, IN), torch.zeros(OUT, IN)
         for step in range(steps):
@@ -122,26 +112,15 @@ def test_powersgd_with_fp16_values_sends_half_the_bytes_and_error_feedback_keeps
     torch.testing.assert_close(received, fed - held, rtol=1e-4, atol=1e-4)
 
 
-def _mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
-
-
-def _batch(rank: int, step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    x = torch.randn(n, 20, generator=g)
-    return x, x[:, :5].argmax(1)
-
-
 def training_run(rank: int, world: int, steps: int, start: int | None = START,
                  extra: dict | None = None) -> tuple[float, float, list[bool]]:
     """Held-out loss before and after ``steps`` SGD steps under rank-1 PowerSGD (startIter ``start``; None: the
     default; ``extra``: more settings), and which steps were dense."""
     config = {"method": "powersgd", **({} if start is None else {"startIter": start}), **(extra or {})}
-    model, state = _ddp(_mlp(), config, momentum=0.9)
+    model, state = ddp_with_hook(tiny_mlp(), config, momentum=0.9)
     momentum, _ = state.optimizer_terms(0.9, 0.0)  # 0 where the hook applies it (momentumCorrection)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-    x_test, y_test = _batch(99, 0, n=256)
+    x_test, y_test = batch(99, 0, n=256)
 
     def held_out() -> float:
         with torch.no_grad():
@@ -149,7 +128,7 @@ def training_run(rank: int, world: int, steps: int, start: int | None = START,
 
     before = held_out()
     for step in range(steps):
-        x, y = _batch(rank, step)
+        x, y = batch(rank, step, n=32)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
@@ -192,9 +171,9 @@ def recorded_ranks(rank: int, world: int, ranks: list[int], steps: int = 3) -> d
 
     out = {}
     for r in ranks:
-        model, state = _ddp(_mlp(), {"method": "powersgd", "rank": r})
+        model, state = ddp_with_hook(tiny_mlp(), {"method": "powersgd", "rank": r})
         for step in range(steps):
-            x, y = _batch(rank, step)
+            x, y = batch(rank, step, n=32)
             model.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
         state.finish()

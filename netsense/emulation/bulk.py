@@ -163,6 +163,14 @@ def best_second(out: dict, t0: float, t1: float) -> float:
                for i in range(int((t1 - t0) / out["bin_s"]) - n + 1))
 
 
+def payload_bounds(bps: float) -> tuple[int, float, float]:
+    """What a faithful link holds a payload sent after an idle gap to: (from which size, lowest, highest) apparent
+    rate as a multiple of ``bps``. Smaller payloads may gain up to the bucket; at 1 Gbit and above this VM's CPU
+    shares the bound (a payload reads lower, so the floor is lower and starts at a larger size). The tests and
+    testbed/link.py hold the emulated link to these."""
+    return (300_000, 0.8, 1.15) if bps > 200e6 else (47_000, 0.85, 1.15)
+
+
 def payload_rates(cluster, sizes: list[int], reps: int = 3, gap_s: float = 0.1, port: int = 5002,
                   fastest: bool = False) -> dict[int, float]:
     """Each size's apparent rate (bits/s) from host 0 to host 1 of a LocalCluster, after gap_s idle: the median of

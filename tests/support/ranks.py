@@ -59,3 +59,41 @@ def run_world(fn, world: int, *args, timeout: float = 240.0) -> list:
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world)]
+
+
+# ---- what a rank trains in the compression tests (module level: rank functions are pickled) ----------------------
+
+def in_ddp(model, config: dict | str | None = None, device: str = "cpu"):
+    """``model`` under DDP as the trainer wraps it: gradient_as_bucket_view and the method's own options."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from netsense.compression import ddp_options
+
+    model.to(device)
+    return DDP(model, device_ids=[0] if device == "cuda" else None, gradient_as_bucket_view=True,
+               **ddp_options(config, "gloo"))
+
+
+def ddp_with_hook(model, config: dict, momentum: float = 0.0):
+    """``in_ddp(model, config)`` with the method's hook registered, as the trainer does; and the hook's state."""
+    from netsense.compression import register
+
+    wrapped = in_ddp(model, config)
+    return wrapped, register(wrapped, config, momentum=momentum)
+
+
+def tiny_mlp(seed: int = 0, hidden: int = 64):
+    """20 inputs, ``hidden`` units, 5 classes: two matrices and two biases, seeded."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 5))
+
+
+def batch(rank: int, step: int, n: int = 16):
+    """A rank's batch at a step for tiny_mlp: 20 normal features, labelled by the largest of the first five."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(n, 20, generator=g)
+    return x, x[:, :5].argmax(1)
