@@ -389,3 +389,32 @@ def test_the_family_pilot_reads_before_training_and_chooses_powersgd_where_topk_
     rows = list(csv.DictReader(io.StringIO(steps)))
     assert [int(r["step"]) for r in rows] == list(range(adopted + 1, 21)), "the live steps follow the adopted"
     assert result["lowrank_steps"] >= 20 - adopted - 5, steps  # the rest: the first step's and the startup's probes
+
+
+@pytest.mark.gloo
+def test_tta_with_low_ranks_runs_powersgd_end_to_end_without_root(tmp_path):
+    """tta with lowRanks, as a user runs it (netsense run; the simulated clock: no root, and deterministic, so
+    what tta chooses is not left to the machine's load): at 1 Mbit its PowerSGD option is the cheapest, and each
+    low-rank step records its rank and sends what the rank-2 factors weigh at tta's fp16 values."""
+    from netsense.compression.lowrank import layout
+    from netsense.control.policies import lowrank_allreduce_bytes
+    from netsense.train.models import build_model
+
+    doc = job(training={"model": "mlp", "hiddenSize": 1024, "maxSteps": 30, "evalEvery": 10},
+              compression={"method": "tta", "lowRanks": [2], "lowRankKnee": 0.05},
+              network={"clock": "simulated", "simulation": {"computeSeconds": 0.004,
+                                                            "compressionSecondsPerMelement": 0.005},
+                       "profile": {"type": "static", "rate": "1Mbit"}})
+    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
+        code, _, err = finish(run, 300)
+    assert code == 0, err
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "o" / "timeline.csv").read_text())))
+    low = [r for r in rows if r["rank"]]
+    assert result["lowrank_steps"] == len(low) >= 25, [r["rank"] for r in rows]
+    model = build_model("mlp", (64,), 10, 1024)
+    matrices, whole = layout([tuple(p.shape) for p in model.parameters()], 2)
+    wire = lowrank_allreduce_bytes(matrices, whole, 2, 2, fp16=True)
+    assert all(r["rank"] == "2" for r in low)
+    ordinary = [float(r["bytes"]) for r in low if r["probe"] == "0"]  # a probe pads its step with zeros
+    assert len(ordinary) >= 20 and set(ordinary) == {wire}, (wire, sorted(set(ordinary)))
