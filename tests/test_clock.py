@@ -219,6 +219,8 @@ def test_bench_runs_simulated_cells_side_by_side_and_refuses_that_for_real_ones(
     assert run_bench(_grid(tmp_path, "simulated"), str(tmp_path / "out"), parallel=2) == 0
     results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/result.json")]
     assert len(results) == 2 and all(r["status"] == "Succeeded" and r["clock"] == "simulated" for r in results)
-    measured = {r["simulation"]["computeSeconds"] for r in results}
-    assert all(m > 0 for m in measured)  # each cell measured its own inputs, and recorded them
+    # The task's inputs measured once by the bench, before the cells ran side by side, and given to each
+    compute = {(r["simulation"]["computeSeconds"], r["simulation"]["compressionSecondsPerMelement"]) for r in results}
+    assert len(compute) == 1 and min(next(iter(compute))) > 0, compute
+    assert all(r["simulation"]["measured"] == [] for r in results)
 

@@ -35,6 +35,8 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     if parallel is not None and (parallel < 1 or (parallel > 1 and not (cluster or simulated))):
         raise SpecError([Issue("--parallel", f"{parallel}: cells run side by side on a cluster (--cluster) or on "
                                "the simulated clock (every cell's spec.network.clock: simulated); at least 1")])
+    if not cluster:
+        _measure_simulation_inputs(todo)
     if parallel is None:
         parallel = _parallel_that_fits(todo) if cluster else 1
     if grid.get("order", "shuffled") == "shuffled":
@@ -141,6 +143,32 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
     print(f"netsense: wrote {out_dir}/summary.json, summary.md" + "".join(f", {os.path.basename(p)}" for p in made),
           file=sys.stderr)
     return 0 if all(r.get("status") == "Succeeded" for r in results) else 1
+
+
+def _measure_simulation_inputs(todo: list) -> None:
+    """Each simulated cell's compute and compression inputs (spec.network.simulation), where the grid does not give
+    them: measured once a task (model, data, batch), here, before any cell runs, and given to every cell of the
+    task. Measured by each cell, they would vary with what ran beside it: 3.4-7.4 ms of compute between cells of
+    one task two at a time (testbed/results/sim-training.md)."""
+    from netsense.spec import parse_job
+
+    measured: dict[tuple, tuple[float, float]] = {}
+    for cell in todo:
+        network = cell.job["spec"].get("network") or {}
+        sim = network.get("simulation") or {}
+        if network.get("clock") != "simulated" or {"computeSeconds", "compressionSecondsPerMelement"} <= set(sim):
+            continue
+        t = parse_job(cell.job).training
+        task = (t["model"], t["dataset"], t.get("dataPath"), t["hiddenSize"], t["batchSize"])
+        if task not in measured:
+            from netsense.train import calibrate
+
+            measured[task] = calibrate.inputs_for(t)
+            print(f"netsense: simulated clock: {t['model']} on {t['dataset']}, batch {t['batchSize']}: a step's "
+                  f"compute {measured[task][0] * 1e3:.2f} ms, compression {measured[task][1] * 1e3:.2f} ms per "
+                  "million elements (measured once, given to every cell of the task)", file=sys.stderr, flush=True)
+        compute, per_melement = measured[task]
+        network["simulation"] = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement, **sim}
 
 
 def _run_cells(todo: list, one, parallel: int, stop: threading.Event) -> None:

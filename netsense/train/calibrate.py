@@ -46,3 +46,23 @@ def compression_seconds_per_melement(numel: int, density: float = 0.01) -> float
         if i >= WARMUP:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) / (numel / 1e6)
+
+
+def inputs_for(training: dict) -> tuple[float, float]:
+    """(computeSeconds, compressionSecondsPerMelement) of a job's training (spec.training, parsed), measured
+    here on one thread: what netsense bench gives every simulated cell of a task, measured once before any runs
+    (cells side by side would each measure the others' load)."""
+    from netsense.train.data import load_dataset
+    from netsense.train.models import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = load_dataset(training)
+        torch.manual_seed(training["seed"])
+        model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"])
+        x, y = data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]]
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return compute_seconds(model, x, y), compression_seconds_per_melement(numel)
+    finally:
+        torch.set_num_threads(threads)
