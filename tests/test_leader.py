@@ -192,7 +192,8 @@ def test_a_waiting_replica_answers_its_liveness_probe(kube, operator, operator_k
     """The session's operator leads; a second one waits, and its liveness endpoint says it is alive (a probe
     that failed while it waited had the kubelet kill it over and over)."""
     from support.kube import OperatorProcess, wait_for
-    from support.net import free_port
+
+    from netsense.emulation.loopback import free_port
 
     operator.wait_leading(kube)  # an operator started a moment ago may not lead yet
     port = free_port()

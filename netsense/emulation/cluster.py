@@ -255,22 +255,7 @@ class LocalCluster:
         return proc
 
     def kill_processes(self, grace_s: float = 5.0) -> None:
-        live = [p for p in self.processes if p.poll() is None]
-        for p in live:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in live:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.processes:
-            _signal_group(p, signal.SIGKILL)  # also reaps children that outlived their leader
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.processes.clear()
+        stop_processes(self.processes, grace_s)
 
     def close(self) -> None:
         """Idempotent; safe from a signal-driven unwind."""
@@ -286,6 +271,27 @@ class LocalCluster:
             os.unlink(self.state_file)
         except FileNotFoundError:
             pass
+
+
+def stop_processes(processes: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM to each process's group, ``grace_s`` for all of them to exit, then SIGKILL to every group (which
+    also reaps children that outlived their leader); the list is emptied."""
+    live = [p for p in processes if p.poll() is None]
+    for p in live:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in processes:
+        _signal_group(p, signal.SIGKILL)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    processes.clear()
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import IO
 
-from netsense.emulation.cluster import _signal_group
+from netsense.emulation.cluster import stop_processes
 
 
 class LoopbackHosts:
@@ -41,18 +41,7 @@ class LoopbackHosts:
         return proc
 
     def kill_processes(self, grace_s: float = 5.0) -> None:
-        import signal
-
-        for p in self.processes:
-            if p.poll() is None:
-                _signal_group(p, signal.SIGTERM)
-        for p in self.processes:
-            try:
-                p.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait(timeout=5)
-        self.processes.clear()
+        stop_processes(self.processes, grace_s)
 
 
 def free_port() -> int:

@@ -428,6 +428,8 @@ def _check_network(n: dict, path: str, errors: Errors) -> None:
                                                "noise is simulation.jitter)")
 
 
+SIMULATION_LATENCY = "0.05ms"  # a hop of a collective's ring on the simulated clock, by default
+
 SIMULATION = Obj({
     "computeSeconds": F(Float(min=0, exclusive_min=True,
                               doc="a step's forward and backward pass on this clock (default: measured once before "
@@ -436,7 +438,7 @@ SIMULATION = Obj({
                                                         "per million gradient elements of a compressed step "
                                                         "(default: measured once, TopK's selection)")),
     "latency": F(Unit("duration", doc="each hop of a collective's ring, besides the profile's delay"),
-                 default="0.05ms"),
+                 default=SIMULATION_LATENCY),
     "jitter": F(Float(min=0, max=1, doc="each collective's time scaled by 1 + jitter x N(0, 1), seeded by the job's "
                                         "seed: the same noise on every rank and every re-run"), default=0.0),
 }, doc="the simulated clock's model (netsense.clock.simulated): what a step costs when nothing is slept")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,20 +18,31 @@ from netsense.compression.selection import topk_indices
 WARMUP, TIMED = 2, 7
 
 
+def _median_seconds(run: Callable[[], object]) -> float:
+    """The median time of TIMED calls of ``run`` after WARMUP untimed ones."""
+    for _ in range(WARMUP):
+        run()
+    times = []
+    for _ in range(TIMED):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """The median of TIMED warm forward and backward passes of a copy of ``model`` on one batch (the model and
     the RNG as they were: the training that follows is the one it would have been)."""
     rng = torch.get_rng_state()
     twin = copy.deepcopy(model)
-    times = []
-    for i in range(WARMUP + TIMED):
-        t0 = time.perf_counter()
+
+    def step() -> None:
         twin.zero_grad(set_to_none=False)
         F.cross_entropy(twin(x), y).backward()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - t0)
+
+    seconds = _median_seconds(step)
     torch.set_rng_state(rng)
-    return statistics.median(times)
+    return seconds
 
 
 def compression_seconds_per_melement(numel: int, density: float = 0.01) -> float:
@@ -39,13 +51,13 @@ def compression_seconds_per_melement(numel: int, density: float = 0.01) -> float
     g = torch.Generator().manual_seed(0)
     values = torch.randn(numel, generator=g)
     k = max(1, int(density * numel))
-    times = []
-    for i in range(WARMUP + TIMED):
-        t0 = time.perf_counter()
-        topk_indices(values.abs(), k, g)
-        if i >= WARMUP:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) / (numel / 1e6)
+    return _median_seconds(lambda: topk_indices(values.abs(), k, g)) / (numel / 1e6)
+
+
+def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(computeSeconds, compressionSecondsPerMelement) of ``model`` on the batch (x, y)."""
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return compute_seconds(model, x, y), compression_seconds_per_melement(numel)
 
 
 def inputs_for(training: dict) -> tuple[float, float]:
@@ -61,8 +73,6 @@ def inputs_for(training: dict) -> tuple[float, float]:
         data = load_dataset(training)
         torch.manual_seed(training["seed"])
         model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"])
-        x, y = data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]]
-        numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return compute_seconds(model, x, y), compression_seconds_per_melement(numel)
+        return inputs(model, data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]])
     finally:
         torch.set_num_threads(threads)

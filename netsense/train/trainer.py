@@ -49,6 +49,7 @@ from netsense.shaping.profiles import build_profile, unseen_changes, unseen_mess
 from netsense.shaping.queue import read_summary
 from netsense.shaping.shaper import write_clock
 from netsense.spec import Job, SpecError, parse_spec
+from netsense.spec.job import SIMULATION_LATENCY
 from netsense.spec.schema import Issue
 from netsense.train import calibrate
 from netsense.train.data import ShardedBatches, load_dataset
@@ -212,23 +213,21 @@ class Trainer:
         given = [sim.get("computeSeconds"), sim.get("compressionSecondsPerMelement")]
         measured = torch.tensor([-1.0 if v is None else float(v) for v in given], dtype=torch.float64)
         if self.rank == 0 and None in given:
-            x = self.data.train_x[:self.t["batchSize"]].to(self.device)
-            y = self.data.train_y[:self.t["batchSize"]].to(self.device)
-            if given[0] is None:
-                measured[0] = calibrate.compute_seconds(model, x, y)
-            if given[1] is None:
-                measured[1] = calibrate.compression_seconds_per_melement(
-                    sum(p.numel() for p in model.parameters() if p.requires_grad))
+            batch = self.t["batchSize"]
+            found = calibrate.inputs(model, self.data.train_x[:batch].to(self.device),
+                                     self.data.train_y[:batch].to(self.device))
+            measured = torch.tensor([found[i] if v is None else float(v) for i, v in enumerate(given)],
+                                    dtype=torch.float64)
         if self.world > 1:
             dist.broadcast(measured, 0)
         compute, per_melement = (float(v) for v in measured)
-        latency = units.parse_duration(sim.get("latency", "0.05ms"))
+        latency = sim.get("latency", SIMULATION_LATENCY)
         self.simulation = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement,
-                           "latency": sim.get("latency", "0.05ms"), "jitter": sim.get("jitter", 0.0),
+                           "latency": latency, "jitter": sim.get("jitter", 0.0),
                            "measured": [k for k, v in zip(("computeSeconds", "compressionSecondsPerMelement"), given,
                                                           strict=True) if v is None]}
-        return SimulatedClock(self.profile, self.world, compute, per_melement, latency, sim.get("jitter", 0.0),
-                              self.t["seed"])
+        return SimulatedClock(self.profile, self.world, compute, per_melement, units.parse_duration(latency),
+                              sim.get("jitter", 0.0), self.t["seed"])
 
     # -- stopping ----------------------------------------------------------------------
     def _max_steps(self) -> int:

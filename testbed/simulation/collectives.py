@@ -26,11 +26,13 @@ from netsense.bench import store  # noqa: E402
 from netsense.clock.simulated import collective_seconds  # noqa: E402
 from netsense.emulation.cluster import LocalCluster  # noqa: E402
 from netsense.shaping.profiles import build_profile  # noqa: E402
+from netsense.spec.job import SIMULATION_LATENCY  # noqa: E402
+from netsense.units import parse_duration  # noqa: E402
 
 SIZES = [47_000, 370_000, 1_500_000, 8_000_000]  # bytes of the tensor (fp32), as the bench's tasks' buckets
 RATES = ["10Mbit", "100Mbit", "1000Mbit"]
 WORLDS = [2, 4]
-HOP_LATENCY_S = 50e-6  # spec.network.simulation.latency's default
+HOP_LATENCY_S = parse_duration(SIMULATION_LATENCY)  # spec.network.simulation.latency's default
 PORT = 29511
 
 WORKER = r"""

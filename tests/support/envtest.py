@@ -27,8 +27,8 @@ import urllib.request
 
 import yaml
 
+from netsense.emulation.loopback import free_port
 from support import REPO
-from support.net import free_port
 
 PR_SET_PDEATHSIG = 1
 

@@ -15,9 +15,9 @@ import urllib.request
 import yaml
 from kubernetes import client, config, utils
 
+from netsense.emulation.loopback import free_port
 from netsense.spec import GROUP, PLURAL, VERSION
 from support import REPO
-from support.net import free_port
 
 
 class Kube:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import traceback
 
-from support.net import free_port
+from netsense.emulation.loopback import free_port
 
 
 def _entry(fn, rank, world, port, queue, args):
