@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from netsense.bench import store  # noqa: E402
 from netsense.clock.simulated import collective_seconds  # noqa: E402
+from netsense.control.policies import dense_allreduce_bytes  # noqa: E402
 from netsense.emulation.cluster import LocalCluster  # noqa: E402
 from netsense.shaping.profiles import build_profile  # noqa: E402
 from netsense.spec.job import SIMULATION_LATENCY  # noqa: E402
@@ -67,9 +68,9 @@ dist.destroy_process_group()
 
 
 def wire_bytes(kind: str, size: int, world: int) -> float:
-    """What one rank puts on the wire (the hooks' count): a ring all_reduce 2(p-1)/p of the tensor, an
-    all_gather p-1 copies of its chunk."""
-    return 2 * (world - 1) / world * size if kind == "all_reduce" else (world - 1) * size
+    """What one rank puts on the wire (the hooks' count): a ring all_reduce of the fp32 tensor
+    (dense_allreduce_bytes), an all_gather p-1 copies of its chunk."""
+    return dense_allreduce_bytes(size // 4, world) if kind == "all_reduce" else (world - 1) * size
 
 
 def modeled(kind: str, size: int, world: int, bps: float) -> float:
