@@ -137,6 +137,40 @@ def test_the_pilot_is_refused_on_the_simulated_clock():
         parse_spec(spec, "j")
 
 
+def test_a_device_profile_is_refused_for_a_model_batch_or_input_it_was_not_measured_on():
+    for training, why in [({"model": "mlp"}, "measured for model resnet18, not mlp"),
+                          ({"model": "resnet18", "batchSize": 64}, "measured at batchSize 32 a worker, not 64"),
+                          ({"model": "resnet18", "dataset": "digits32"}, "measured on 3x32x32 inputs")]:
+        spec = {**BASE, "training": {**BASE["training"], **training},
+                "network": {"clock": "simulated", "simulation": {"device": "resnet18-b32-h200"}}}
+        with pytest.raises(SpecError, match=f"spec.network.simulation.device: resnet18-b32-h200 was {why}"):
+            parse_spec(spec, "j")
+
+
+def test_a_device_profile_gives_a_cells_inputs_unmeasured_and_a_written_figure_wins(monkeypatch):
+    from netsense.bench import run as bench_run
+    from netsense.bench.grid import Cell
+    from netsense.clock.devices import PROFILES, given_inputs
+    from netsense.train import calibrate
+
+    monkeypatch.setattr(calibrate, "inputs_for", lambda t: pytest.fail("measured what the profile gives"))
+    training = {**BASE["training"], "model": "resnet18"}
+
+    def cell(simulation: dict) -> Cell:
+        job = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "c"},
+               "spec": {**BASE, "training": training, "network": {"clock": "simulated", "simulation": simulation}}}
+        return Cell(job=job, method="m", scenario="s", seed=0)
+
+    cells = [cell({"device": "resnet18-b32-h200"}), cell({"device": "resnet18-b32-h200", "computeSeconds": 0.1})]
+    bench_run._measure_simulation_inputs(cells)  # measures nothing: the profile gives both
+    profile = PROFILES["resnet18-b32-h200"]
+    given = [given_inputs(c.job["spec"]["network"]["simulation"]) for c in cells]  # what the trainer reads
+    assert given[0] == (profile.compute_seconds, profile.compression_seconds_per_melement)
+    assert profile.compute_seconds == 4.938e-3
+    assert given[1] == (0.1, profile.compression_seconds_per_melement)
+    parse_spec(cells[0].job["spec"], "c")  # what the bench gives a cell still validates
+
+
 def test_a_cluster_refuses_the_simulated_clock():
     job = parse_spec({**BASE, "network": {"clock": "simulated"}}, "j")
     with pytest.raises(SpecError, match="spec.network.clock: simulated is a study tool"):

@@ -15,6 +15,7 @@ from netsense.bench import cells, report
 from netsense.bench.grid import NO_WIRE, families, load_grid
 from netsense.bench.provenance import describe, provenance
 from netsense.bench.stats import at_targets, matched_ceiling, sensitivity, summarize, x_allreduce
+from netsense.clock import devices
 
 
 def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namespace: str = "default",
@@ -156,7 +157,7 @@ def _measure_simulation_inputs(todo: list) -> None:
     for cell in todo:
         network = cell.job["spec"].get("network") or {}
         sim = network.get("simulation") or {}
-        if network.get("clock") != "simulated" or {"computeSeconds", "compressionSecondsPerMelement"} <= set(sim):
+        if network.get("clock") != "simulated" or None not in devices.given_inputs(sim):
             continue
         t = parse_job(cell.job).training
         task = (t["model"], t["dataset"], t.get("dataPath"), t["hiddenSize"], t["batchSize"])
@@ -167,8 +168,9 @@ def _measure_simulation_inputs(todo: list) -> None:
             print(f"netsense: simulated clock: {t['model']} on {t['dataset']}, batch {t['batchSize']}: a step's "
                   f"compute {measured[task][0] * 1e3:.2f} ms, compression {measured[task][1] * 1e3:.2f} ms per "
                   "million elements (measured once, given to every cell of the task)", file=sys.stderr, flush=True)
-        compute, per_melement = measured[task]
-        network["simulation"] = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement, **sim}
+        compute, per_melement = (g if g is not None else m for g, m in zip(devices.given_inputs(sim), measured[task],
+                                                                          strict=True))
+        network["simulation"] = {**sim, "computeSeconds": compute, "compressionSecondsPerMelement": per_melement}
 
 
 def _run_cells(todo: list, one, parallel: int, stop: threading.Event) -> None:

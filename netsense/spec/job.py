@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from netsense import units
+from netsense.clock import devices
 from netsense.errors import BadInput
 from netsense.spec import podtemplate
 from netsense.spec.schema import (
@@ -191,6 +192,12 @@ def _check_simulated(spec: dict, path: str, errors: Errors) -> None:
     if n.get("clock") == "simulated" and c.get("familyPilot"):
         errors.add(_join(path, "compression.familyPilot"), "the pilot's forks are not modeled on the simulated "
                                                            "clock: set it false, or use clock: real")
+    device = (n.get("simulation") or {}).get("device")
+    if device in devices.PROFILES:
+        t = spec.get("training") or {}
+        why = devices.mismatch(device, t.get("model"), t.get("batchSize"), t.get("dataset"))
+        if why:
+            errors.add(_join(path, "network.simulation.device"), why)
 
 
 def _check_pilot_optimizer(spec: dict, path: str, errors: Errors) -> None:
@@ -431,6 +438,10 @@ def _check_network(n: dict, path: str, errors: Errors) -> None:
 SIMULATION_LATENCY = "0.05ms"  # a hop of a collective's ring on the simulated clock, by default
 
 SIMULATION = Obj({
+    "device": F(Str(enum=tuple(devices.PROFILES), doc="a measured accelerator's compute and compression figures "
+                                                      "for this model and batch (netsense.clock.devices, each "
+                                                      "with its source); computeSeconds or "
+                                                      "compressionSecondsPerMelement, where given, win")),
     "computeSeconds": F(Float(min=0, exclusive_min=True,
                               doc="a step's forward and backward pass on this clock (default: measured once before "
                                   "training, the median of warm steps, and recorded in result.json)")),

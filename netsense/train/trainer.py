@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from netsense import gang, units
-from netsense.clock import REAL, RealClock
+from netsense.clock import REAL, RealClock, devices
 from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
 from netsense.control import pilot
@@ -210,7 +210,7 @@ class Trainer:
     def _simulated_clock(self, model: torch.nn.Module) -> SimulatedClock:
         """The modeled clock, its measured inputs measured once on rank 0 and broadcast (calibrate.py)."""
         sim = self.job.network.get("simulation") or {}
-        given = [sim.get("computeSeconds"), sim.get("compressionSecondsPerMelement")]
+        given = list(devices.given_inputs(sim))
         measured = torch.tensor([-1.0 if v is None else float(v) for v in given], dtype=torch.float64)
         if self.rank == 0 and None in given:
             batch = self.t["batchSize"]
@@ -223,7 +223,7 @@ class Trainer:
         compute, per_melement = (float(v) for v in measured)
         latency = sim.get("latency", SIMULATION_LATENCY)
         self.simulation = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement,
-                           "latency": latency, "jitter": sim.get("jitter", 0.0),
+                           "device": sim.get("device"), "latency": latency, "jitter": sim.get("jitter", 0.0),
                            "measured": [k for k, v in zip(("computeSeconds", "compressionSecondsPerMelement"), given,
                                                           strict=True) if v is None]}
         return SimulatedClock(self.profile, self.world, compute, per_melement, units.parse_duration(latency),

@@ -1,4 +1,4 @@
-"""Validation of the simulated clock, layer (b): the same grid on both clocks, cell by cell (issue 61).
+"""Validation of the simulated clock, layers (b) and (c): the same grid on both clocks, cell by cell (issue 61).
 
     sudo .venv/bin/python testbed/simulation/training.py GRID --out runs/DIR [--results testbed/results/NAME]
     .venv/bin/python testbed/simulation/training.py GRID --results testbed/results/NAME --print  # nothing run
@@ -8,9 +8,10 @@ into DIR/simulated (two cells at once: its times do not depend on the load), eac
 train the same on both clocks (one thread, the same seed: only the clock differs), so each pair must reach the
 target at the same step; the time to reach it is then the time model's alone. For each (method, scenario):
 whether the steps agreed on every seed, and the ratio simulated / emulated time to accuracy as a 95% t
-interval over the seeds (netsense.bench.stats.t_interval). Writes NAME.jsonl (the results store: a record
-per seed pair) and NAME.md (the table), and rewrites the store's index. Adaptive methods decide on what each clock tells them, so their steps may differ: the table
-says so rather than pairing their times.
+interval over the seeds (netsense.bench.stats.t_interval). Adaptive methods (layer c) decide on what each clock
+tells them: for each seed pair, the share of the steps both took on which they chose the same family (dense,
+TopK, low-rank) at a level within BUCKET (1.5x); the issue's bar is AGREE (90%) of the steps. Writes NAME.jsonl
+(the results store: a record per seed pair) and NAME.md (the table), and rewrites the store's index.
 """
 
 from __future__ import annotations
@@ -25,7 +26,37 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from netsense.bench import run_bench, store  # noqa: E402
+from netsense.bench.grid import FIXED_DECISIONS  # noqa: E402
 from netsense.bench.stats import reached_at, t_interval  # noqa: E402
+from netsense.train.results import read_timeline  # noqa: E402
+
+BUCKET = 1.5  # layer (c): two choices of one family agree when their densities (or ranks) are within this factor
+AGREE = 0.9  # ... on at least this share of the steps both runs took
+
+
+def choice(row: dict) -> tuple[str, float]:
+    """A step's compression choice as (family, level): low-rank at its rank, TopK at its density, or dense."""
+    if row.get("rank"):
+        return "lowrank", row["rank"]
+    density = row.get("density")
+    return ("dense", 1.0) if density is None or density >= 1 else ("topk", density)
+
+
+def agreement(real: list[dict], simulated: list[dict]) -> float | None:
+    """The share of the steps both runs took on which they chose the same family at a level within BUCKET."""
+    steps = list(zip(real, simulated, strict=False))  # the steps both took
+    if not steps:
+        return None
+    same = 0
+    for a, b in steps:
+        (fa, la), (fb, lb) = choice(a), choice(b)
+        same += fa == fb and max(la, lb) / min(la, lb) <= BUCKET
+    return same / len(steps)
+
+
+def timeline(result: dict) -> list[dict]:
+    path = result.get("timeline")
+    return read_timeline(path) if path and os.path.exists(path) else []
 
 
 def simulated_grid(grid_path: str, out: str) -> str:
@@ -53,7 +84,9 @@ def pairs(out: str) -> list[dict]:
         if s is None:
             continue
         a, b = reached_at(r), reached_at(s)
-        records.append({"job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
+        adaptive = r["method"] not in FIXED_DECISIONS
+        agree = agreement(timeline(r), timeline(s)) if adaptive else None
+        records.append({"decisions_agree": agree, "job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
                          "tta_real": a and a[1], "tta_simulated": b and b[1],
                          "step_seconds_real": r["train_seconds"] / max(1, r["steps"]),
                          "step_seconds_simulated": s["train_seconds"] / max(1, s["steps"]),
@@ -66,8 +99,11 @@ def cell_key(job: str) -> str:
 
 
 def table(records: list[dict]) -> str:
+    """Layer (b) for fixed methods (the same step to target, the ratio of times), layer (c) for adaptive ones
+    (the share of steps on which both clocks chose alike: mean and the lowest seed's)."""
     lines = ["| cell (method, scenario) | seeds | same step to target | sim / emulated time to target [95% CI] | "
-             "sim / emulated s a step (mean) |", "| --- | ---: | :---: | ---: | ---: |"]
+             "sim / emulated s a step (mean) | same choice, share of steps: mean (lowest seed) |",
+             "| --- | ---: | :---: | ---: | ---: | ---: |"]
     by_cell: dict[str, list[dict]] = {}
     for r in records:
         by_cell.setdefault(cell_key(r["job"]), []).append(r)
@@ -78,7 +114,9 @@ def table(records: list[dict]) -> str:
         mean = sum(ratios) / len(ratios) if ratios else None
         interval = "-" if mean is None else (f"{mean:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low else " (no interval)"))
         per_step = sum(r["step_seconds_simulated"] / r["step_seconds_real"] for r in rs) / len(rs)
-        lines.append(f"| {cell} | {len(rs)} | {'yes' if same else 'no'} | {interval} | {per_step:.2f} |")
+        agree = [r["decisions_agree"] for r in rs if r.get("decisions_agree") is not None]
+        choices = f"{sum(agree) / len(agree):.0%} ({min(agree):.0%})" if agree else "-"
+        lines.append(f"| {cell} | {len(rs)} | {'yes' if same else 'no'} | {interval} | {per_step:.2f} | {choices} |")
     return "\n".join(lines)
 
 
