@@ -378,7 +378,8 @@ def main(argv: list[str]) -> int:
         found = {k: len(v) for k, v in leftovers().items() if v}
         down()
         left = {k: v for k, v in leftovers().items() if v}
-        said = ", ".join(f"{n} {k}" for k, n in found.items()) or "nothing (no node had run here)"
+        # Nothing found is the usual case after a clean Ctrl-C of `make node-up` (it tears down what it made)
+        said = ", ".join(f"{n} {k}" for k, n in found.items()) or "nothing: no node is running and none left anything"
         print(f"node down: swept {said}" + (f"; still there: {json.dumps(left)}" if left else ""))
         return 1 if left else 0
     if argv[0] == "leftovers":
