@@ -215,7 +215,7 @@ class Trainer:
         if self.rank == 0 and None in given:
             batch = self.t["batchSize"]
             found = calibrate.inputs(model, self.data.train_x[:batch].to(self.device),
-                                     self.data.train_y[:batch].to(self.device))
+                                     self.data.train_y[:batch].to(self.device), self.t)
             measured = torch.tensor([found[i] if v is None else float(v) for i, v in enumerate(given)],
                                     dtype=torch.float64)
         if self.world > 1:

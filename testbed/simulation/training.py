@@ -86,11 +86,12 @@ def pairs(out: str) -> list[dict]:
         a, b = reached_at(r), reached_at(s)
         adaptive = r["method"] not in FIXED_DECISIONS
         agree = agreement(timeline(r), timeline(s)) if adaptive else None
-        records.append({"decisions_agree": agree, "job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
+        records.append({"job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
                          "tta_real": a and a[1], "tta_simulated": b and b[1],
                          "step_seconds_real": r["train_seconds"] / max(1, r["steps"]),
                          "step_seconds_simulated": s["train_seconds"] / max(1, s["steps"]),
-                         "simulation": s.get("simulation")})
+                         "train_seconds_simulated": s["train_seconds"], "wall_seconds_simulated": s["wall_seconds"],
+                         "decisions_agree": agree, "simulation": s.get("simulation")})
     return records
 
 
@@ -98,12 +99,24 @@ def cell_key(job: str) -> str:
     return job.rsplit("-s", 1)[0]
 
 
+def _cv(values: list[float]) -> float | None:
+    """The spread between seeds: standard deviation over mean."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 / mean
+
+
 def table(records: list[dict]) -> str:
     """Layer (b) for fixed methods (the same step to target, the ratio of times), layer (c) for adaptive ones
-    (the share of steps on which both clocks chose alike: mean and the lowest seed's)."""
+    (the share of steps on which both clocks chose alike: mean and the lowest seed's); for each cell the spread
+    of time to target between seeds on each clock (what the clock's removing the step time's noise buys) and
+    how much faster than real time the simulated runs were (simulated training seconds over wall seconds, the
+    start-up included)."""
     lines = ["| cell (method, scenario) | seeds | same step to target | sim / emulated time to target [95% CI] | "
-             "sim / emulated s a step (mean) | same choice, share of steps: mean (lowest seed) |",
-             "| --- | ---: | :---: | ---: | ---: | ---: |"]
+             "sim / emulated s a step (mean) | same choice, share of steps: mean (lowest seed) | "
+             "spread between seeds (CV): emulated, simulated | simulated s / wall s |",
+             "| --- | ---: | :---: | ---: | ---: | ---: | ---: | ---: |"]
     by_cell: dict[str, list[dict]] = {}
     for r in records:
         by_cell.setdefault(cell_key(r["job"]), []).append(r)
@@ -116,7 +129,14 @@ def table(records: list[dict]) -> str:
         per_step = sum(r["step_seconds_simulated"] / r["step_seconds_real"] for r in rs) / len(rs)
         agree = [r["decisions_agree"] for r in rs if r.get("decisions_agree") is not None]
         choices = f"{sum(agree) / len(agree):.0%} ({min(agree):.0%})" if agree else "-"
-        lines.append(f"| {cell} | {len(rs)} | {'yes' if same else 'no'} | {interval} | {per_step:.2f} | {choices} |")
+        cvs = [_cv([r[k] for r in rs if r[k]]) if all(r[k] for r in rs) else None
+               for k in ("tta_real", "tta_simulated")]
+        spread = "-" if None in cvs else f"{cvs[0]:.0%}, {cvs[1]:.0%}"
+        speeds = [r["train_seconds_simulated"] / r["wall_seconds_simulated"] for r in rs
+                  if r.get("wall_seconds_simulated")]
+        speed = f"{sum(speeds) / len(speeds):.1f}x" if speeds else "-"
+        lines.append(f"| {cell} | {len(rs)} | {'yes' if same else 'no'} | {interval} | {per_step:.2f} | {choices} | "
+                     f"{spread} | {speed} |")
     return "\n".join(lines)
 
 
@@ -126,13 +146,21 @@ def main() -> int:
     ap.add_argument("--out", default="runs/sim-training", help="the two benches' run directories (resumable)")
     ap.add_argument("--results", default="testbed/results/sim-training", help="the committed records and table")
     ap.add_argument("--seeds", help="S,S,...: only these of the grid's seeds")
+    ap.add_argument("--clock", choices=("both", "simulated", "real"), default="both",
+                    help="run one half only (the simulated half's times do not depend on the load; the real one's "
+                         "do): no table until a run with both")
     ap.add_argument("--print", action="store_true", help="the table from --results's records; nothing is run")
     args = ap.parse_args()
     if not args.print:
         os.makedirs(args.out, exist_ok=True)
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        run_bench(simulated_grid(args.grid, args.out), os.path.join(args.out, "simulated"), seeds=seeds, parallel=2)
-        run_bench(args.grid, os.path.join(args.out, "real"), seeds=seeds)
+        if args.clock in ("both", "simulated"):
+            run_bench(simulated_grid(args.grid, args.out), os.path.join(args.out, "simulated"), seeds=seeds,
+                      parallel=2)
+        if args.clock in ("both", "real"):
+            run_bench(args.grid, os.path.join(args.out, "real"), seeds=seeds)
+        if args.clock != "both":
+            return 0  # the table pairs the two: written when both have run
         store.save(args.results + ".jsonl", pairs(args.out))
     md = table(store.load(args.results + ".jsonl"))
     if not args.print:
