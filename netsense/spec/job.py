@@ -45,7 +45,7 @@ DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install 
 MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
 # tta's family pilot: R = reading ^ this (netsense.control.pilot), fitted on the development tasks by
-# testbed/learnability.py (section 6 of testbed/results/learnability.md).
+# testbed/studies/learnability.py (section 6 of testbed/results/learnability.md).
 PILOT_EXPONENT = 1.70
 SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
 SIGNAL_MODELS = ("mlp", *SIGNAL_ONLY_MODELS)  # what takes MNIST-1D's 1-D signals (the others take images)

@@ -1,6 +1,12 @@
-"""How many more steps one method took than another to the target, paired by seed, and where it fell behind.
+"""Study. Question: how many more steps than a fixed method does ours take to the target, and from when?
+Answer (testbed/EVALUATION.md, not a results file): "over both grids' 80 pairs the candidate took **1.10 [1.04,
+1.17]** of fixed rank 8's steps to the target" (dev-halt-set2, dev-rankcost-set2); "It is behind from the first
+evaluations".
+Run on: those grids' tables (testbed/results/dev-halt-set2.md: commit f1c8807aafeb; dev-rankcost-set2.md: f0f4125dc269).
 
-    python testbed/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
+How many more steps one method took than another to the target, paired by seed, and where it fell behind.
+
+    python testbed/studies/step_lag.py dev-halt-set2 dev-rankcost-set2 --ours tta-lowranks-pilot --other powersgd-r8
 
 From the committed tables (testbed/results/<grid>.jsonl[.gz], every seed's steps and accuracy curve): the paired
 geometric mean of the steps ratio (ours / other) over every scenario and seed of the grids given, with a 95% t

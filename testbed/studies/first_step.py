@@ -1,4 +1,9 @@
-"""Before/after "no dense first step" (the change that compresses from step 0), paired on the same seeds.
+"""Study (one-off). Question: does compressing from step 0 (no dense first step) shorten the time to accuracy?
+Answer (testbed/results/first-step.md): "On a slow link the dense first step was most of the time to accuracy.
+... TTA fell to 0.24-0.72x"; "At 50 Mbit the gain is 0.53-0.94x, at 200 Mbit level to 0.78x".
+Run on: before 0249b69, after 0c0ea5e (as the results file records).
+
+Before/after "no dense first step" (the change that compresses from step 0), paired on the same seeds.
 
 Each cell (task x link x method x seed) runs twice back to back, once on the code before the change and once
 after it (git worktrees of ``--before`` and ``--after``, each run with its worktree as the working directory
@@ -9,7 +14,7 @@ the steps to it, the dense steps and why, and the wire time of step 0. The table
 before and after means and the geometric mean of after/before over the seeds; every run's record is in the
 JSON, so each number can be recomputed from it.
 
-    python testbed/first_step.py --before <commit> --out runs/first-step   (root; ~1 hour on 2 cores)
+    python testbed/studies/first_step.py --before <commit> --out runs/first-step   (root; ~1 hour on 2 cores)
 
 Tasks: the tuning task (the digits MLP of testbed/grids/ci.yaml, 1.1M parameters) and evaluation set 1's
 CNN on digits (testbed/grids/eval.yaml, 549k parameters). Methods: tta, TopK at 1% (error feedback) and
@@ -30,7 +35,7 @@ import tempfile
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))  # testbed/studies/ -> the checkout
 TASKS = {
     "tuning-mlp": {"model": "mlp", "hiddenSize": 1024, "dataset": "digits", "batchSize": 32, "lr": 0.05},
     "eval1-cnn": {"model": "cnn", "dataset": "digits", "batchSize": 32, "lr": 0.05},

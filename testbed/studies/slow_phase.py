@@ -1,6 +1,12 @@
-"""Did tta's link estimate follow a drop? Its estimate through each run's slowest phase, from a bench's cells.
+"""Study (a reading of local cells). Question: did tta's link estimate follow a drop to the link's slowest phase?
+Answer (testbed/EVALUATION.md, not a results file: the cells are not kept): "On set 2's step-wise link 1 of 9
+runs that probed in the 30 Mbit/s phase ended it with an estimate over 1.5x the link ... against 2 of 9 in
+dev-pilot-final-set2."
+Run on: the cells of dev-sense-set2/4 (testbed/results/dev-sense-set2.md: commit 07a33c648402).
 
-    python testbed/slow_phase.py runs/final/dev-sense-set2 [runs/final/dev-pilot-final-set2 ...] [--method tta]
+Did tta's link estimate follow a drop? Its estimate through each run's slowest phase, from a bench's cells.
+
+    python testbed/studies/slow_phase.py runs/final/dev-sense-set2 [runs/final/dev-pilot-final-set2 ...] [--method tta]
 
 For every cell of the method on a link that changes, its longest stretch of steps at the link's lowest rate:
 the median estimate over the stretch's last 10 steps (x that rate: 1 is right; the small steps cannot lower an

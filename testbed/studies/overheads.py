@@ -1,6 +1,12 @@
-"""Where an adaptive method's time goes against a fixed one's, paired by seed, from the cells kept locally.
+"""Study (a reading of local cells). Question: where does an adaptive method's time go against a fixed one's?
+Answer (testbed/EVALUATION.md, not a results file: the cells are not kept), e.g. dev-law-set4 at 30 Mbit/s:
+"the pilot 0.45 s for 5 adopted steps ...; the probes 6.3 a run, 0.48 s over ordinary steps ...; the density,
+0.66% where 0.2% is fastest"; "On a run of 3-5 s the pilot and the probes are 15-20% of the time".
+Run on: the cells of dev-law-set4 (testbed/results/dev-law-set4.md: commit 4be447a4a34e); other grids since.
 
-    python testbed/overheads.py dev-law-set4 cnn1024-static-30 --ours tta-lowranks-pilot --other topk-0.002
+Where an adaptive method's time goes against a fixed one's, paired by seed, from the cells kept locally.
+
+    python testbed/studies/overheads.py dev-law-set4 cnn1024-static-30 --ours tta-lowranks-pilot --other topk-0.002
 
 For each seed (runs/final/<grid>/<method>--<scenario>--s<seed>/: result.json and timeline.csv) and their means:
 both methods' time to the target; our family pilot's seconds and the steps it returned (adopted); our probes, how

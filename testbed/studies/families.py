@@ -1,6 +1,11 @@
-"""Which compressor tta ran, step by step, from a bench's cells: the family pilot's reading against what followed.
+"""Study (a reading of local cells). Question: once tta's family pilot reads PowerSGD right, does tta still run TopK?
+Answer (testbed/EVALUATION.md, not a results file: the cells are not kept): "**2 of 40** read-right cells ran
+TopK on more than a tenth of their steps" (dev-price-set2/4 and dev-batch-set2/4).
+Run on: the cells of those grids (testbed/results/dev-price-set2.md: commit b92ee04d509e; dev-batch-set2.md: 329b9faaf72a).
 
-    python testbed/families.py runs/final/dev-price-set2 [runs/final/dev-batch-set2 ...] [--method tta]
+Which compressor tta ran, step by step, from a bench's cells: the family pilot's reading against what followed.
+
+    python testbed/studies/families.py runs/final/dev-price-set2 [runs/final/dev-batch-set2 ...] [--method tta]
 
 For every cell of the method: the pilot's reading h (none: no fork halved its loss), the share of its steps
 (probes left out) that ran each family (dense, TopK, PowerSGD), its longest stretch of TopK steps and the median

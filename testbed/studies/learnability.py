@@ -1,6 +1,12 @@
-"""Can the controller tell, from a task's own training, which compressor it needs? The evidence.
+"""Study. Question: can the controller tell, from a task's own training, which compressor it needs?
+Answer: see testbed/results/learnability.md (its sections) and testbed/EVALUATION.md, "Reading the family from the
+task itself": a short forked reading orders the tasks ("Forked, short ...: yes, every seed"; "Forked, longer
+(16 or 24 steps): no"); section 6 fits the family pilot's exponent ("The exponent: **1.70**").
+Run on: commit not recorded in the results file (its sections are dated, 2026-12-03 to 2026-12-05).
 
-    .venv/bin/python testbed/learnability.py [--runs runs/final] [--sections 5,6] > testbed/results/learnability.md
+Can the controller tell, from a task's own training, which compressor it needs? The evidence.
+
+    .venv/bin/python testbed/studies/learnability.py [--runs runs/final] [--sections 5,6] > testbed/results/learnability.md
 
 tta chooses among TopK densities with error feedback (EF), priced by a steps model (``1 + knee/d`` times
 the dense steps). Where it misses the 1.1x bar (set 2, set 3's fluctuating link) the winners send without
@@ -605,7 +611,7 @@ def main() -> None:
     a = p.parse_args()
     want = {int(x) for x in a.sections.split(",")}
     torch.set_num_threads(1)
-    print("# Can the controller tell which compressor a task needs? (`python testbed/learnability.py`)\n")
+    print("# Can the controller tell which compressor a task needs? (`python testbed/studies/learnability.py`)\n")
     sections = [
         (1, "Steps to the target in the final run (x dense allreduce's steps, where it reached it)",
          lambda: step_counts(a.results)),
