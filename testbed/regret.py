@@ -48,7 +48,7 @@ from netsense.bench import store  # noqa: E402
 from netsense.bench.grid import load_grid  # noqa: E402
 from netsense.bench.stats import mean_tta, paired_ratio, seed_times  # noqa: E402
 from netsense.compression import validate_config  # noqa: E402
-from netsense.control.policies import TimeToAccuracyController  # noqa: E402
+from netsense.control.tta import TimeToAccuracyController  # noqa: E402
 
 RESULTS = os.path.join(REPO, "testbed", "results")
 GRIDS = os.path.join(REPO, "testbed", "grids")

@@ -393,7 +393,8 @@ def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_appl
 
 
 def test_netsense_payload_shrinks_on_a_slow_measurement():
-    from netsense.control.policies import PaperAIMD, StepMeasurement
+    from netsense.control.aimd import PaperAIMD
+    from netsense.control.decision import StepMeasurement
 
     p = PaperAIMD(initial=0.5, startup=False, quantize=False)
     p.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0))

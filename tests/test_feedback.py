@@ -46,7 +46,8 @@ def _force(state, method: str, plan: list[str]) -> None:
     at rank 1, tta with lowRanks only). dc2 decides with its own ``decide`` at a density set for the step
     (0.1: sparse; 1: dense, as the all_gather would carry more); tta's decisions have the shapes its
     ``decide`` returns (sparse with fp16 values; dense fp16; dense fp32)."""
-    from netsense.control.policies import Decision, DelayDriven
+    from netsense.control.decision import Decision
+    from netsense.control.delay import DelayDriven
 
     policy = state.policy
 
@@ -246,7 +247,7 @@ def test_a_probe_while_powersgd_runs_is_its_own_step_with_zeros_after_it(switchi
     """While tta runs PowerSGD its probe is the rank's own step with zeros all_reduced after its Q's (a TopK probe
     would switch families for a step and send the top of PowerSGD's residual at once): the model receives and
     keeps exactly what the unpadded steps give it, and the wire carries 30% of the model's elements more."""
-    from netsense.control.policies import dense_allreduce_bytes
+    from netsense.control.cost import dense_allreduce_bytes
 
     padded, plain = switching[0]["tta-lowrank-padded"], switching[0]["tta-lowrank-unpadded"]
     assert padded[0] == plain[0] and padded[2] == plain[2], "padding changed what the model received or kept"

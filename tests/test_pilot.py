@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from netsense.control import pilot
-from netsense.control.policies import Decision, StepMeasurement, TimeToAccuracyController
+from netsense.control.decision import Decision, StepMeasurement
+from netsense.control.tta import TimeToAccuracyController
 
 FEATURES, SAMPLES = 2000, 512
 

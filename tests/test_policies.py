@@ -8,18 +8,17 @@ import statistics
 
 import pytest
 
-from netsense.control.policies import (
-    Decision,
-    DelayDriven,
-    PaperAIMD,
+from netsense.control.aimd import PaperAIMD
+from netsense.control.cost import (
     SelectionCost,
-    StepMeasurement,
-    TimeToAccuracyController,
     dense_allreduce_bytes,
     lowrank_allreduce_bytes,
     sparse_allgather_bytes,
 )
+from netsense.control.decision import Decision, StepMeasurement
+from netsense.control.delay import DelayDriven
 from netsense.control.sensing import LinkEstimator
+from netsense.control.tta import TimeToAccuracyController
 
 
 def m(payload, seconds, compute=0.1, norm=1.0, wire=None):
@@ -654,7 +653,8 @@ def test_dc2_never_goes_below_its_floor():
 def test_the_value_encoding_is_a_setting_every_sparse_method_honours():
     """One wire format for all, so that a comparison is of the controllers, not of the bytes per value: fixed
     TopK, dc2 and tta send fp16 or fp32 values as told, and tta's cost model prices what it sends."""
-    from netsense.control.policies import DelayDriven, FixedDensity
+    from netsense.control.delay import DelayDriven
+    from netsense.control.fixed import FixedDensity
 
     assert FixedDensity(0.01, fp16=True).decide().fp16 and not FixedDensity(0.01).decide().fp16
     dc2 = DelayDriven(1_000_000, 2, fp16=True)

@@ -397,7 +397,7 @@ def test_tta_with_low_ranks_runs_powersgd_end_to_end_without_root(tmp_path):
     what tta chooses is not left to the machine's load): at 1 Mbit its PowerSGD option is the cheapest, and each
     low-rank step records its rank and sends what the rank-2 factors weigh at tta's fp16 values."""
     from netsense.compression.lowrank import layout
-    from netsense.control.policies import lowrank_allreduce_bytes
+    from netsense.control.cost import lowrank_allreduce_bytes
     from netsense.train.models import build_model
 
     doc = job(training={"model": "mlp", "hiddenSize": 1024, "maxSteps": 30, "evalEvery": 10},

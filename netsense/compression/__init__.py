@@ -32,14 +32,11 @@ from netsense.compression.hooks import CompressionState, TorchHookState, compres
 from netsense.compression.lowrank import layout
 from netsense.compression.memory import LocalMomentum, SharedMomentum
 from netsense.compression.steps import MeasuredState
-from netsense.control.policies import (
-    DelayDriven,
-    FixedDensity,
-    FixedLowRank,
-    PaperAIMD,
-    TimeToAccuracyController,
-    dense_allreduce_bytes,
-)
+from netsense.control.aimd import PaperAIMD
+from netsense.control.cost import dense_allreduce_bytes
+from netsense.control.delay import DelayDriven
+from netsense.control.fixed import FixedDensity, FixedLowRank
+from netsense.control.tta import TimeToAccuracyController
 from netsense.spec.job import COMPRESSION
 from netsense.spec.schema import Errors
 

@@ -46,14 +46,12 @@ from netsense.compression.lowrank import LowRank
 from netsense.compression.memory import LocalMomentum, ResidualMemory, SharedMomentum
 from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
-from netsense.control.policies import (
-    Decision,
-    Policy,
-    StepMeasurement,
+from netsense.control.cost import (
     dense_allreduce_bytes,
     lowrank_allreduce_bytes,
     sparse_allgather_bytes,
 )
+from netsense.control.decision import Decision, Policy, StepMeasurement
 
 MEASURED = tuple(StepMeasurement.__dataclass_fields__)  # what the ranks agree on, in this order
 

@@ -56,7 +56,7 @@ def matrix_shape(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
 
 def layout(shapes: list[tuple[int, ...]], rank: int) -> tuple[list[tuple[int, int]], int]:
     """The matrices compressed at ``rank`` and the elements sent whole, for a model's parameter shapes: what its
-    wire costs (netsense.control.policies.lowrank_allreduce_bytes)."""
+    wire costs (netsense.control.cost.lowrank_allreduce_bytes)."""
     matrices, whole = [], 0
     for shape in shapes:
         mat = matrix_shape(shape, rank)

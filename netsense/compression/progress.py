@@ -22,7 +22,7 @@ With momentum correction (memory.LocalMomentum) the dense step's update is
 the rank's velocity u_t, not g_t: the probe keeps u_t as the reference and
 reads r = sum <g_{t+1}, U_t> / sum <g_{t+1}, u_t> (g_{t+1} still raw).
 
-The controller (netsense.control.policies, TimeToAccuracyController) reads r
+The controller (netsense.control.tta, TimeToAccuracyController) reads r
 at its own density d as the steps model's 1 / (1 + knee / d).
 """
 

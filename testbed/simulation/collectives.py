@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from netsense.bench import store  # noqa: E402
 from netsense.clock.simulated import collective_seconds  # noqa: E402
-from netsense.control.policies import dense_allreduce_bytes  # noqa: E402
+from netsense.control.cost import dense_allreduce_bytes  # noqa: E402
 from netsense.emulation.cluster import LocalCluster  # noqa: E402
 from netsense.shaping.profiles import build_profile  # noqa: E402
 from netsense.spec.job import SIMULATION_LATENCY  # noqa: E402
