@@ -3,6 +3,7 @@ the real API server (the test plays kubelet)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -38,11 +39,13 @@ def write(tmp_path, grid) -> str:
 
 
 def test_shipped_grids_load():
-    for name in ("ci.yaml", "paper.yaml", "throughput.yaml", "epochs.yaml", "congestion.yaml", "eval.yaml",
-                 "eval2.yaml", "eval3.yaml", "eval4.yaml", "eval5.yaml", "sensitivity.yaml", "headline.yaml",
-                 "fresh-cnn1d.yaml", "fresh-mlp.yaml"):
-        _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", name))
-        assert cells and len({c.job["metadata"]["name"] for c in cells}) == len(cells)
+    """Every committed grid, each at one wire format or saying mixedEncodings (those registered before one wire
+    format, issue 62, pin the fp32 they ran with)."""
+    paths = sorted(glob.glob(os.path.join(REPO, "testbed", "grids", "*.yaml")))
+    assert len(paths) > 50
+    for path in paths:
+        _, cells, _ = load_grid(path)
+        assert cells and len({c.job["metadata"]["name"] for c in cells}) == len(cells), path
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
     assert len(cells) == 7 * 6 * 6  # methods x profiles x seeds
     assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
@@ -53,6 +56,27 @@ def test_a_grid_without_a_shared_target_is_refused(tmp_path):
     del grid["base"]["training"]["targetAccuracy"]
     with pytest.raises(SpecError, match="base.training"):
         load_grid(write(tmp_path, grid))
+
+
+def test_a_grid_mixing_wire_formats_is_refused_unless_it_says_so(tmp_path):
+    grid = {**GRID, "methods": {**GRID["methods"], "powersgd-r2": {"method": "powersgd", "rank": 2, "values": "fp32"},
+                                "tta": {"method": "tta"}, "fp16": {"method": "fp16"}, "netsense": {"method": "netsense"}}}
+    with pytest.raises(SpecError) as e:
+        load_grid(write(tmp_path, grid))
+    said = str(e.value)
+    assert "compression.values" in said and "mixedEncodings: true" in said
+    assert "powersgd-r2 fp32" in said and "topk-0.1 fp16" in said and "tta fp16" in said
+    assert "allreduce" not in said and "netsense" not in said  # fixed formats: never a mix
+    _, cells, _ = load_grid(write(tmp_path, {**grid, "mixedEncodings": True}))
+    assert {c.method for c in cells} == set(grid["methods"])
+    with pytest.raises(SpecError, match="mixedEncodings: must be true or false"):
+        load_grid(write(tmp_path, {**grid, "mixedEncodings": "yes please"}))
+    # One encoding, whichever: loads; a sensitivity variant at another encoding mixes too.
+    pinned = {k: {**v, "values": "fp32"} if k in ("topk-0.1", "tta") else v for k, v in grid["methods"].items()}
+    assert load_grid(write(tmp_path, {**grid, "methods": pinned}))[1]
+    varied = {**GRID, "sensitivity": {"topk": {"method": {"method": "topk"}, "vary": {"values": ["fp32"]}}}}
+    with pytest.raises(SpecError, match=r"topk-0\.1 fp16, topk-values-fp32 fp32"):
+        load_grid(write(tmp_path, varied))
 
 
 def test_a_bad_cell_names_method_scenario_and_field(tmp_path):

@@ -13,6 +13,7 @@ from netsense import units
 from netsense.shaping.profiles import build_profile
 from netsense.spec import SpecError, load_job, parse_job, parse_spec
 from netsense.spec.crd import crd
+from netsense.spec.job import VALUES_DEFAULT
 
 
 def doc(**spec):
@@ -176,12 +177,25 @@ def test_a_setting_of_another_method_is_an_error_naming_the_field_and_its_method
 
 def test_each_method_gets_its_own_defaults():
     topk = parse_job(doc(compression={"method": "topk"})).compression
-    assert topk == {"method": "topk", "density": 0.1, "values": "fp32", "errorFeedback": True,
+    assert topk == {"method": "topk", "density": 0.1, "values": "fp16", "errorFeedback": True,
                     "momentumCorrection": True, "momentumMasking": False, "warmupSteps": 0}
     netsense = parse_job(doc(compression={"method": "netsense"})).compression
     assert netsense["initialRatio"] == 0.01
     assert netsense["errorFeedback"] is False, "the paper's method is published without error feedback"
     assert parse_job(doc(compression={"method": "tta"})).compression["values"] == "fp16"
+
+
+def test_every_method_with_a_wire_format_sends_fp16_unless_told():
+    """One wire format (issue 62): topk, dc2, tta and powersgd share one default; allreduce, fp16 and netsense
+    have no values field (fixed formats; netsense its own fp16 gate)."""
+    assert VALUES_DEFAULT == "fp16"
+    for method in ("topk", "dc2", "tta", "powersgd"):
+        assert parse_job(doc(compression={"method": method})).compression["values"] == "fp16", method
+        assert parse_job(doc(compression={"method": method, "values": "fp32"})).compression["values"] == "fp32"
+    for method in ("allreduce", "fp16", "netsense"):
+        assert "values" not in parse_job(doc(compression={"method": method})).compression, method
+        with pytest.raises(SpecError, match=r"spec\.compression\.values: applies to method"):
+            parse_job(doc(compression={"method": method, "values": "fp16"}))
 
 
 def test_momentum_masking_without_correction_is_refused_by_name():

@@ -30,6 +30,8 @@ A grid file::
                                                   # is paired with the best method outside its family
     sensitivity:                                  # optional: constants varied one at a time (methods may be empty)
       netsense: {method: {method: netsense}, vary: {alpha: [0.25, 1.0]}}  # -> netsense, netsense-alpha-0.25, ...
+    mixedEncodings: true                          # optional: methods at different compression.values on purpose
+                                                  # (refused otherwise; allreduce, fp16, netsense never count)
 
 A scenario is a bandwidth profile, or ``{network: {...}, workers: N}`` (either or
 both): a whole spec.network (the shared topology, cross traffic) merged over the

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from netsense.spec import API_VERSION, KIND, SpecError, parse_job
-from netsense.spec.job import read_yaml
+from netsense.spec.job import VALUES_DEFAULT, read_yaml
 from netsense.spec.schema import Issue
 
 
@@ -167,6 +167,18 @@ def wire_twins(grid: dict, cells: list[Cell]) -> list[Cell]:
     return out
 
 
+def _check_one_wire_format(grid: dict, encodings: dict[str, str]) -> None:
+    """Every method with a ``values`` field (topk, dc2, tta, powersgd) at one encoding, unless the grid says
+    ``mixedEncodings: true``: a method's bytes, and so its time, depend on it. allreduce, fp16 and netsense have
+    no such field (fixed formats, netsense its own fp16 gate): references, never a mix."""
+    if len(set(encodings.values())) <= 1 or grid.get("mixedEncodings", False):
+        return
+    by = ", ".join(f"{m} {v}" for m, v in sorted(encodings.items(), key=lambda mv: (mv[1], mv[0])))
+    raise SpecError([Issue("methods", f"mix wire formats (compression.values): {by}; set the same values on "
+                                      f"each ({VALUES_DEFAULT} is the default), or say mixedEncodings: true at the grid's top "
+                                      "level, with a comment saying why")])
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
     """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
     grid = read_yaml(path, "grid")
@@ -209,7 +221,11 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         # read off every seed of every method, not only those slower than the epochs (time to accuracy is
         # the first crossing either way).
         base = merge(base, {"training": {"minEpochs": epochs}})
+    if not isinstance(grid.get("mixedEncodings", False), bool):
+        raise SpecError([Issue("mixedEncodings", "must be true or false (true: this grid compares methods at "
+                                                 "different values encodings on purpose)")])
     cells = []
+    encodings: dict[str, str] = {}  # method -> its compression.values, for the methods that have the field
     for method, compression in methods.items():
         for scenario, setting in grid["profiles"].items():
             over = _scenario(scenario, setting)
@@ -219,10 +235,13 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
                 doc = {"apiVersion": API_VERSION, "kind": KIND,
                        "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
                 try:
-                    parse_job(doc)
+                    job = parse_job(doc)
                 except SpecError as e:
                     raise SpecError([Issue(f"{method} x {scenario}: {i.path}", i.message) for i in e.issues]) from None
+                if "values" in job.spec["compression"]:
+                    encodings[method] = job.spec["compression"]["values"]
                 cells.append(Cell(method, scenario, seed, doc))
+    _check_one_wire_format(grid, encodings)
     if grid.get("ceiling", False) not in (False, True, "matched"):
         raise SpecError([Issue("ceiling", "true (one worker alone, before and after the cells) or matched (each "
                                           "cell's twin without the wire, interleaved among the cells)")])

@@ -263,9 +263,17 @@ _MOMENTUM_MASKING = F(Bool(doc="with momentumCorrection, forget the momentum of 
                            "momentum factor masking): less momentum where the gradient is largest, so it changes "
                            "the optimizer too"), default=False)
 _WINDOW = F(Int(min=1, doc="steps in the BtlBw max / RTprop min filters"), default=10)
-def _values(default: str) -> F:
-    return F(Str(enum=("fp32", "fp16"), doc="how a sparse step's values travel: fp32 (4 bytes) or fp16 (2), each "
-                 "with a 4-byte index; compare methods at the same encoding"), default=default)
+# One wire format (issue 62): every method with a ``values`` field (topk, dc2, tta, powersgd) sends fp16 unless
+# told otherwise. allreduce (fp32) and fp16 (torch's hook) have fixed formats; netsense has its own fp16 gate.
+VALUES_DEFAULT = "fp16"
+_VALUES_SAME = (f"; {VALUES_DEFAULT} by default for every method with this field (topk, dc2, tta, powersgd: "
+                "compare methods at the same encoding; netsense bench refuses a grid that mixes them); allreduce "
+                "(fp32) and fp16 (torch's hook) have fixed formats, netsense its own fp16 gate (quantize)")
+
+
+def _values(doc: str = "how a sparse step's values travel: fp32 (4 bytes) or fp16 (2), each with a 4-byte "
+                       "index") -> F:
+    return F(Str(enum=("fp32", "fp16"), doc=doc + _VALUES_SAME), default=VALUES_DEFAULT)
 
 
 _MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
@@ -275,9 +283,9 @@ COMPRESSION = Union("method", {
     "fp16": Obj({}, doc="torch's fp16 compression hook: the dense gradient as 16-bit values"),
     "powersgd": Obj({
         "rank": F(Int(min=1, doc="matrix approximation rank"), default=1),
-        "values": F(Str(enum=("fp32", "fp16"), doc="how the factors P and Q (and the parameters sent whole) "
-                        "travel: fp32 (4 bytes) or fp16 (2, cast for the wire only: orthogonalized in fp32, divided "
-                        "by the workers before the cast); compare methods at the same encoding"), default="fp32"),
+        "values": _values("how the factors P and Q (and the parameters sent whole) travel: fp32 (4 bytes) or "
+                          "fp16 (2, cast for the wire only: orthogonalized in fp32, divided by the workers before "
+                          "the cast)"),
         "startIter": F(Int(min=0, doc="vanilla allreduce until this step (torch's meaning; none by default: "
                                       "the warm start and the residual follow their parameters through DDP's "
                                       "bucket rebuild)"), default=0),
@@ -287,7 +295,7 @@ COMPRESSION = Union("method", {
     }, doc="PowerSGD (Vogels et al. 2019), one power iteration a step with warm start, in our hook"),
     "topk": Obj({
         "density": F(Float(min=0, max=1, exclusive_min=True, doc="fraction of elements sent"), default=0.1),
-        "values": _values("fp32"),
+        "values": _values(),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,
@@ -314,7 +322,7 @@ COMPRESSION = Union("method", {
         "pruneFactor": F(Float(min=0, max=1, doc="prune at pruneFactor*(1-ratio)"), default=0.5),
     }, checks=[_check_netsense], doc="the paper's NetSenseML: AIMD of the payload ratio against the sensed BDP"),
     "dc2": Obj({
-        "values": _values("fp32"),
+        "values": _values(),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,
@@ -328,7 +336,7 @@ COMPRESSION = Union("method", {
     }, checks=[_check_momentum], doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
            "near delayTarget x the compute time"),
     "tta": Obj({
-        "values": _values("fp16"),
+        "values": _values(),
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,

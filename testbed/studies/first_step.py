@@ -41,10 +41,13 @@ TASKS = {
     "eval1-cnn": {"model": "cnn", "dataset": "digits", "batchSize": 32, "lr": 0.05},
 }
 RATES = ["10Mbit", "50Mbit", "200Mbit"]
+# (before, after). The before side's code has no values field and sends topk and powersgd as fp32; the after
+# side says fp32, as it did before one wire format (issue 62) made fp16 the default.
 METHODS = {
     "tta": ({"method": "tta"}, {"method": "tta"}),
-    "topk-0.01": ({"method": "topk", "density": 0.01}, {"method": "topk", "density": 0.01}),
-    "powersgd-r4": ({"method": "powersgd", "rank": 4, "startIter": 2}, {"method": "powersgd", "rank": 4}),
+    "topk-0.01": ({"method": "topk", "density": 0.01}, {"method": "topk", "density": 0.01, "values": "fp32"}),
+    "powersgd-r4": ({"method": "powersgd", "rank": 4, "startIter": 2},
+                    {"method": "powersgd", "rank": 4, "values": "fp32"}),
 }
 
 
