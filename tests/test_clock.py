@@ -10,8 +10,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
+from netsense.clock.devices import INPUTS
 from netsense.clock.simulated import (
     FORWARD_SHARE,
     FRAMING,
@@ -21,6 +23,7 @@ from netsense.clock.simulated import (
     collective_seconds,
     schedule,
 )
+from netsense.compression.steps import StepCounts
 from netsense.shaping.profiles import build_profile
 from netsense.spec import SpecError, parse_spec
 from netsense.spec.job import check_cluster
@@ -62,11 +65,12 @@ def test_a_collective_the_host_waits_for_stalls_the_rest_of_the_step():
     assert step.seconds == pytest.approx(0.5) and step.busy == pytest.approx(0.2)
 
 
-def _settle(clock: SimulatedClock, wire_bytes: float, compressed: bool = False, elements: float = 1e6) -> float:
+def _settle(clock: SimulatedClock, wire_bytes: float, sparse: float = 0.0, lowrank: float = 0.0) -> float:
     before = clock.now()
     timer = ModeledTimer()
     timer.start("all_reduce", wire_bytes)
-    cost = clock.settle(before, timer, ModeledTimer(), elements, compressed)
+    counts = StepCounts(elements_total=max(1e6, sparse + lowrank), sparse_elements=sparse, lowrank_elements=lowrank)
+    cost = clock.settle(before, timer, ModeledTimer(), counts)
     assert cost.compute_seconds == clock.compute_s
     return clock.now() - before
 
@@ -85,10 +89,33 @@ def test_the_clock_advances_by_the_model_and_a_rate_change_lands_at_its_simulate
     assert slow == pytest.approx([1.01] * len(slow))
 
 
-def test_a_compressed_step_pays_the_compressors_work_per_element():
-    clock = SimulatedClock(None, world=2, compute_s=0.01, compression_s_per_melement=0.02, latency_s=0.0)
-    dense, sparse = _settle(clock, 0), _settle(clock, 0, compressed=True, elements=3e6)
+def test_a_compressed_step_pays_each_paths_work_per_element():
+    clock = SimulatedClock(None, world=2, compute_s=0.01, compression_s_per_melement=0.02, latency_s=0.0,
+                           lowrank_s_per_melement=0.05)
+    dense, sparse = _settle(clock, 0), _settle(clock, 0, sparse=3e6)
     assert sparse - dense == pytest.approx(0.06)
+    assert _settle(clock, 0, sparse=1e6, lowrank=2e6) - dense == pytest.approx(0.02 + 0.1)  # tta: a bucket each
+    # a device profile's TopK figure prices PowerSGD's path where no figure of its own is given
+    same = SimulatedClock(None, world=2, compute_s=0.01, compression_s_per_melement=0.02, latency_s=0.0)
+    assert _settle(same, 0, lowrank=3e6) - dense == pytest.approx(0.06)
+
+
+def test_calibration_times_each_paths_own_work_on_the_models_gradient():
+    """The hook's own local work, per path (calibrate.path_seconds): TopK's decodes every rank's chunk, so more
+    ranks cost it more; PowerSGD's projections grow with the rank; both are per million elements."""
+    from netsense.train import calibrate
+
+    torch.manual_seed(0)
+    params = list(torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 10)).parameters())
+    settings = calibrate.path_settings({"method": "powersgd", "rank": 1, "values": "fp32"})
+    assert settings == {"fp16": False, "errorFeedback": True, "density": 0.01, "rank": 1}
+    assert calibrate.path_settings({"method": "tta", "lowRanks": [2, 8]})["rank"] == 8
+    assert calibrate.path_settings({"method": "topk", "density": 0.2})["density"] == 0.2
+    sparse, lowrank = calibrate.path_seconds(params, settings, world=2)
+    assert sparse > 0 and lowrank > 0
+    # TopK at density 1 decodes every element of every chunk: far more than at 1% (not a timing bound: 100x work)
+    dense_topk, _ = calibrate.path_seconds(params, {**settings, "density": 1.0}, world=8)
+    assert dense_topk > 3 * sparse
 
 
 def test_jitter_is_the_same_on_every_rank_and_every_rerun_and_differs_between_collectives():
@@ -153,7 +180,7 @@ def test_a_device_profile_gives_a_cells_inputs_unmeasured_and_a_written_figure_w
     from netsense.clock.devices import PROFILES, given_inputs
     from netsense.train import calibrate
 
-    monkeypatch.setattr(calibrate, "inputs_for", lambda t: pytest.fail("measured what the profile gives"))
+    monkeypatch.setattr(calibrate, "inputs_for", lambda *a: pytest.fail("measured what the profile gives"))
     training = {**BASE["training"], "model": "resnet18"}
 
     def cell(simulation: dict) -> Cell:
@@ -162,12 +189,13 @@ def test_a_device_profile_gives_a_cells_inputs_unmeasured_and_a_written_figure_w
         return Cell(job=job, method="m", scenario="s", seed=0)
 
     cells = [cell({"device": "resnet18-b32-h200"}), cell({"device": "resnet18-b32-h200", "computeSeconds": 0.1})]
-    bench_run._measure_simulation_inputs(cells)  # measures nothing: the profile gives both
+    bench_run._measure_simulation_inputs(cells)  # measures nothing: the profile gives all three
     profile = PROFILES["resnet18-b32-h200"]
     given = [given_inputs(c.job["spec"]["network"]["simulation"]) for c in cells]  # what the trainer reads
-    assert given[0] == (profile.compute_seconds, profile.compression_seconds_per_melement)
+    per_melement = profile.compression_seconds_per_melement  # both paths: the profile has TopK's figure alone
+    assert given[0] == (profile.compute_seconds, per_melement, per_melement)
     assert profile.compute_seconds == 4.938e-3
-    assert given[1] == (0.1, profile.compression_seconds_per_melement)
+    assert given[1] == (0.1, per_melement, per_melement)
     parse_spec(cells[0].job["spec"], "c")  # what the bench gives a cell still validates
 
 
@@ -186,7 +214,8 @@ SIMULATED_JOB = {
                           "targetAccuracy": 0.3},
              "compression": {"method": "netsense"},
              "network": {"clock": "simulated",
-                         "simulation": {"computeSeconds": 0.004, "compressionSecondsPerMelement": 0.005},
+                         "simulation": {"computeSeconds": 0.004, "compressionSecondsPerMelement": 0.005,
+                                        "lowRankSecondsPerMelement": 0.007},
                          "profile": {"type": "steps", "steps": [{"at": "0s", "rate": "200Mbit"},
                                                                 {"at": "0.5s", "rate": "20Mbit"}]}}}}
 
@@ -254,7 +283,7 @@ def test_bench_runs_simulated_cells_side_by_side_and_refuses_that_for_real_ones(
     results = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/result.json")]
     assert len(results) == 2 and all(r["status"] == "Succeeded" and r["clock"] == "simulated" for r in results)
     # The task's inputs measured once by the bench, before the cells ran side by side, and given to each
-    compute = {(r["simulation"]["computeSeconds"], r["simulation"]["compressionSecondsPerMelement"]) for r in results}
+    compute = {tuple(r["simulation"][k] for k in INPUTS) for r in results}
     assert len(compute) == 1 and min(next(iter(compute))) > 0, compute
     assert all(r["simulation"]["measured"] == [] for r in results)
 

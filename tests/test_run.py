@@ -403,7 +403,8 @@ def test_tta_with_low_ranks_runs_powersgd_end_to_end_without_root(tmp_path):
     doc = job(training={"model": "mlp", "hiddenSize": 1024, "maxSteps": 30, "evalEvery": 10},
               compression={"method": "tta", "lowRanks": [2], "lowRankKnee": 0.05},
               network={"clock": "simulated", "simulation": {"computeSeconds": 0.004,
-                                                            "compressionSecondsPerMelement": 0.005},
+                                                            "compressionSecondsPerMelement": 0.005,
+                                                            "lowRankSecondsPerMelement": 0.007},
                        "profile": {"type": "static", "rate": "1Mbit"}})
     with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
         code, _, err = finish(run, 300)

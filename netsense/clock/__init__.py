@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # netsense.compression imports this module: the timer's module is imported when a step asks
     import torch
 
+    from netsense.compression.steps import StepCounts
     from netsense.compression.timing import IntervalTimer
 
 
@@ -49,7 +50,7 @@ class RealClock:
         return IntervalTimer(device)
 
     def settle(self, step_start: float, timer: IntervalTimer, selection_timer: IntervalTimer,
-               elements_total: float, compressed: bool) -> StepCost:
+               counts: StepCounts) -> StepCost:
         busy = timer.busy()
         selection = selection_timer.busy()
         compute = max(1e-6, (time.perf_counter() - step_start) - timer.exposed() - selection)

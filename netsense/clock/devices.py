@@ -53,10 +53,15 @@ def mismatch(name: str, model: str, batch_size: int, dataset: str) -> str | None
     return None
 
 
-def given_inputs(simulation: dict) -> tuple[float | None, float | None]:
-    """spec.network.simulation's (computeSeconds, compressionSecondsPerMelement): each as written, else its
-    device profile's, else None (to be measured)."""
+INPUTS = ("computeSeconds", "compressionSecondsPerMelement", "lowRankSecondsPerMelement")
+
+
+def given_inputs(simulation: dict) -> tuple[float | None, float | None, float | None]:
+    """spec.network.simulation's INPUTS: each as written, else its device profile's, else None (to be
+    measured). A profile has no figure of PowerSGD's own: its TopK figure prices both paths (stated in the
+    spec)."""
     p = PROFILES.get(simulation.get("device") or "")
     compute = simulation.get("computeSeconds", p and p.compute_seconds)
     per_melement = simulation.get("compressionSecondsPerMelement", p and p.compression_seconds_per_melement)
-    return compute, per_melement
+    lowrank = simulation.get("lowRankSecondsPerMelement", p and p.compression_seconds_per_melement)
+    return compute, per_melement, lowrank

@@ -6,10 +6,12 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
 
 - compute ``C``: the forward and backward pass, one number for the job (``computeSeconds``, or measured once
   before training as the median of warm steps on rank 0 and broadcast: netsense.train.trainer);
-- the compressor's own work ``S`` (selecting, packing, decoding): ``compressionSecondsPerMelement`` x the
-  step's gradient elements on a compressed step (TopK or PowerSGD), 0 on a dense one; measured once like ``C``
-  (TopK's selection of 1% of the model's elements). PowerSGD's work is priced at that same rate: a stated
-  simplification, not a measurement of its matrix products;
+- the compressor's own work ``S``, by the path each bucket took: ``compressionSecondsPerMelement`` x the
+  elements TopK's path took (error feedback, selection, packing, decoding every rank's chunk) plus
+  ``lowRankSecondsPerMelement`` x those PowerSGD's took (error feedback, the projections, orthogonalization,
+  the casts for the wire, applying the factors), 0 on a dense step; each measured once like ``C``, by running
+  the hook's own code for that path on the model's gradient (netsense.train.calibrate.path_seconds). Momentum
+  correction's pass is not in ``S``: it replaces the optimizer's momentum, which ``C`` holds;
 - each collective, in launch order, on the rank's link at the profile's rate at the step's start:
   ``hops x hop_latency + wire_bytes x FRAMING x 8 / rate``, where ``FRAMING`` is what Ethernet, IP and TCP
   add to each full segment (a link's rate counts frames, not payload), and ``wire_bytes`` is what this rank puts on the wire
@@ -25,7 +27,8 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
 
 Not modeled: the shared topology and cross traffic (refused by validation), TCP's own dynamics (slow start
 after an idle gap, loss recovery: the emulator has them), contention between a rank's collectives and its
-compute for the CPU, and the pilot's forks (refused). ``jitter`` scales each collective's time by
+compute for the CPU, stragglers (every rank's step costs the same), a controller's own per-step work (tta's
+gradient statistics and decisions), and the pilot's forks (refused). ``jitter`` scales each collective's time by
 ``1 + jitter x N(0, 1)`` (clipped at 0), from a generator seeded by the job's seed, the step and the
 collective, so every rank draws the same noise.
 """
@@ -34,11 +37,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from netsense.clock import StepCost
 from netsense.shaping.profiles import Profile
+
+if TYPE_CHECKING:
+    from netsense.compression.steps import StepCounts
 
 FORWARD_SHARE = 1 / 3  # the forward pass's share of a step's compute (backward ~2x forward)
 # A 1500-byte MTU's TCP segment carries 1448 bytes (20 IP + 32 TCP with timestamps); its frame is 1514 bytes as
@@ -131,9 +138,12 @@ class SimulatedClock:
     simulated = True
 
     def __init__(self, profile: Profile | None, world: int, compute_s: float, compression_s_per_melement: float,
-                 latency_s: float, jitter: float = 0.0, seed: int = 0):
+                 latency_s: float, jitter: float = 0.0, seed: int = 0, lowrank_s_per_melement: float | None = None):
         self.profile, self.world = profile, world
         self.compute_s, self.compression_s_per_element = compute_s, compression_s_per_melement / 1e6
+        # a figure for TopK's path alone (a device profile's) prices PowerSGD's at the same rate
+        lowrank = compression_s_per_melement if lowrank_s_per_melement is None else lowrank_s_per_melement
+        self.lowrank_s_per_element = lowrank / 1e6
         self.hop_latency_s = latency_s + (profile.impairments.delay_s if profile else 0.0)
         self.jitter, self.seed = jitter, seed
         self.t = 0.0
@@ -162,8 +172,9 @@ class SimulatedClock:
         return out
 
     def settle(self, step_start: float, timer: ModeledTimer, selection_timer: ModeledTimer,
-               elements_total: float, compressed: bool) -> StepCost:
-        selection = self.compression_s_per_element * elements_total if compressed else 0.0
+               counts: StepCounts) -> StepCost:
+        selection = (self.compression_s_per_element * counts.sparse_elements
+                     + self.lowrank_s_per_element * counts.lowrank_elements)
         step = schedule(timer.collectives, self.compute_s, selection,
                         self.durations(timer.collectives, self.bps_at(self.t)))
         self.t += step.seconds

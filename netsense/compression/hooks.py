@@ -222,6 +222,7 @@ class CompressionState(MeasuredState):
         c.payload_bytes += packed.numel()
         c.elements_sent += selected  # the selection's work: padding costs none
         c.elements_total += n
+        c.sparse_elements += n
         def done(_: torch.futures.Future) -> torch.Tensor:
             t1 = self.selection_timer.start()  # decoding is the compressor's own work (SelectionCost), not compute
             # Only the selection is decoded: a padded probe's zeros are wire, never gradient (decoded, a 2.3 MB
@@ -260,6 +261,7 @@ class CompressionState(MeasuredState):
         c.payload_bytes += (first.numel() + second.numel()) * (2 if fp16 else first.element_size())
         c.elements_sent += first.numel() + second.numel()
         c.elements_total += buf.numel()
+        c.lowrank_elements += buf.numel()
         residual = signal if self.memory is not None else None
         pad = math.ceil(self.decision.pad * buf.numel())
         if pad:  # a padded probe (tta): zeros after the Q's, on the wire and summed to zeros, never read

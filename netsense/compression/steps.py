@@ -29,6 +29,8 @@ class StepCounts:
     grad_sq: float | torch.Tensor = 0.0  # squared gradient norm: a tensor until the step ends (no sync)
     elements_sent: float = 0.0  # gradient elements sent (all of them when dense)
     elements_total: float = 0.0
+    sparse_elements: float = 0.0  # the elements of the buckets TopK's path took (selected, packed, decoded)
+    lowrank_elements: float = 0.0  # ... and PowerSGD's (projected, orthogonalized, applied)
     progress_made: float | torch.Tensor = 0.0  # <g_t, U_{t-1}>: the last update, seen by this gradient
     progress_dense: float | torch.Tensor = 0.0  # <g_t, g_{t-1}>: what a dense update would have shown
 
@@ -73,8 +75,7 @@ class MeasuredState:
             return None
         self._finished = True
         c = self.counts
-        cost = self.clock.settle(self._step_start, self.timer, self.selection_timer, c.elements_total,
-                                 c.elements_sent < c.elements_total)
+        cost = self.clock.settle(self._step_start, self.timer, self.selection_timer, c)
         busy, compute = cost.comm_seconds, cost.compute_seconds
         c.selection_seconds += cost.selection_seconds
         record = {

@@ -453,9 +453,14 @@ SIMULATION = Obj({
     "computeSeconds": F(Float(min=0, exclusive_min=True,
                               doc="a step's forward and backward pass on this clock (default: measured once before "
                                   "training, the median of warm steps, and recorded in result.json)")),
-    "compressionSecondsPerMelement": F(Float(min=0, doc="the compressor's own work (selecting, packing, decoding) "
-                                                        "per million gradient elements of a compressed step "
-                                                        "(default: measured once, TopK's selection)")),
+    "compressionSecondsPerMelement": F(Float(min=0, doc="TopK's own work per million gradient elements it "
+                                                        "compresses (error feedback, selecting, packing, decoding "
+                                                        "every rank's chunk; default: measured once, the hook's "
+                                                        "own code)")),
+    "lowRankSecondsPerMelement": F(Float(min=0, doc="PowerSGD's own work per million gradient elements it "
+                                                    "compresses (error feedback, the projections, "
+                                                    "orthogonalization, applying the factors; default: measured "
+                                                    "once at the job's rank, or a device profile's TopK figure)")),
     "latency": F(Unit("duration", doc="each hop of a collective's ring, besides the profile's delay"),
                  default=SIMULATION_LATENCY),
     "jitter": F(Float(min=0, max=1, doc="each collective's time scaled by 1 + jitter x N(0, 1), seeded by the job's "

@@ -1,19 +1,18 @@
 """What the simulated clock takes as measured inputs (netsense.clock.simulated): a step's compute and the
-compressor's work per element, each measured once on this machine before training, on rank 0, and broadcast,
+compressor's work per element on each of its two paths (TopK's, PowerSGD's), each measured once on this machine before training, on rank 0, and broadcast,
 so every rank's clock runs on the same numbers. Recorded in result.json; a re-run given them
 (spec.network.simulation) reproduces the run bit for bit."""
 
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-from netsense.compression.selection import topk_indices
 
 WARMUP, TIMED = 2, 7
 
@@ -61,25 +60,94 @@ def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tr
     return seconds
 
 
-def compression_seconds_per_melement(numel: int, density: float = 0.01) -> float:
-    """The median time of TopK's selection (netsense.compression.selection) of ``density`` of ``numel``
-    elements, per million elements."""
-    g = torch.Generator().manual_seed(0)
-    values = torch.randn(numel, generator=g)
-    k = max(1, int(density * numel))
-    return _median_seconds(lambda: topk_indices(values.abs(), k, g)) / (numel / 1e6)
+class _WholeBucket:
+    """What the hook reads of a DDP GradBucket (index, flat buffer, the parameters' views into it), for the
+    model's whole gradient as one bucket."""
+
+    def __init__(self, params: list[torch.Tensor], grad: torch.Tensor):
+        self._params, self._buf = params, grad
+        self._views = [v.view_as(p) for v, p in zip(grad.split([p.numel() for p in params]), params, strict=True)]
+
+    def index(self) -> int:
+        return 0
+
+    def buffer(self) -> torch.Tensor:
+        return self._buf
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._views
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
 
 
-def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, training: dict) -> tuple[float, float]:
-    """(computeSeconds, compressionSecondsPerMelement) of ``model`` trained as ``training`` on the batch (x, y)."""
-    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return compute_seconds(model, x, y, training), compression_seconds_per_melement(numel)
+def path_settings(compression: dict) -> dict:
+    """What a job's compression (spec.compression, parsed) sets of the two paths' work: the values' encoding,
+    error feedback, TopK's density (1% where the method chooses it) and PowerSGD's rank (the job's, tta's
+    largest low rank, else 4)."""
+    ranks = compression.get("lowRanks") or [compression.get("rank", 4)]
+    return {"fp16": compression.get("values", "fp16") == "fp16",
+            "errorFeedback": compression.get("errorFeedback", True),
+            "density": compression.get("density", 0.01) if compression.get("method") == "topk" else 0.01,
+            "rank": max(ranks)}
 
 
-def inputs_for(training: dict) -> tuple[float, float]:
-    """(computeSeconds, compressionSecondsPerMelement) of a job's training (spec.training, parsed), measured
-    here on one thread: what netsense bench gives every simulated cell of a task, measured once before any runs
-    (cells side by side would each measure the others' load)."""
+def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tuple[float, float]:
+    """(TopK's path, PowerSGD's path) per million gradient elements: the median time of the hook's own local
+    work for one step of each (netsense.compression.hooks: CompressionState.sparse and .low_rank, without their
+    collectives; keep the two in step), on a random gradient of ``params``' shape as one bucket, ``world``
+    ranks' chunks decoded. TopK: error feedback, exact selection and packing (the native kernels where the
+    hook uses them), decoding ``world`` chunks. PowerSGD: error feedback, P = M Q, the casts to and from the
+    wire, the orthogonalization, Q = M^T P^, applying the factors. Not in it: momentum correction's pass (it
+    replaces the optimizer's momentum, which computeSeconds holds) and a bucket's fixed costs (one bucket here,
+    DDP's few there)."""
+    from netsense.compression.compressor import TopK
+    from netsense.compression.lowrank import LowRank
+    from netsense.compression.memory import ResidualMemory
+
+    params = [p for p in params if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    grad = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    bucket = _WholeBucket(params, grad.clone())
+    buf, views = bucket.buffer(), bucket.gradients()
+    fp16, k, rank = settings["fp16"], max(1, math.ceil(settings["density"] * numel)), settings["rank"]
+    topk, lowrank = TopK(0, 0), LowRank(0)
+    memory = ResidualMemory() if settings["errorFeedback"] else None
+
+    def sparse() -> None:
+        buf.copy_(grad)
+        packed = topk.compress(bucket, k, fp16, 0.0, memory)
+        TopK.decompress(buf, [packed] * world, k, fp16, world)
+
+    def low_rank() -> None:
+        buf.copy_(grad)
+        signal = memory.compensate(0, buf, views, params) if memory is not None else buf
+        pieces = LowRank.pieces(buf, views, params, rank)
+        first, mats = lowrank.first_pass(signal, pieces, rank)
+        if fp16:
+            first.copy_(first.div(world).to(torch.float16)).mul_(world)
+        second, hats, vectors = lowrank.second_pass(first, mats, pieces, rank)
+        if fp16:
+            second.copy_(second.div(world).to(torch.float16)).mul_(world)
+        lowrank.apply(buf, signal if memory is not None else None, pieces, hats, second, vectors, world, rank)
+
+    copying = _median_seconds(lambda: buf.copy_(grad))  # each call's fresh gradient: not the path's work
+    per_melement = numel / 1e6
+    return tuple(max(0.0, _median_seconds(path) - copying) / per_melement for path in (sparse, low_rank))
+
+
+def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, training: dict, compression: dict,
+           world: int) -> tuple[float, float, float]:
+    """(computeSeconds, compressionSecondsPerMelement, lowRankSecondsPerMelement) of ``model`` trained as
+    ``training`` on the batch (x, y), compressed as ``compression`` among ``world`` ranks."""
+    params = list(model.parameters())
+    return (compute_seconds(model, x, y, training), *path_seconds(params, path_settings(compression), world))
+
+
+def inputs_for(training: dict, compression: dict, world: int) -> tuple[float, float, float]:
+    """``inputs`` of a job's training and compression (spec.training and .compression, parsed) among ``world``
+    ranks, measured here on one thread: what netsense bench gives every simulated cell of a task, measured once
+    before any runs (cells side by side would each measure the others' load)."""
     from netsense.train.data import load_dataset
     from netsense.train.models import build_model
 
@@ -89,6 +157,7 @@ def inputs_for(training: dict) -> tuple[float, float]:
         data = load_dataset(training)
         torch.manual_seed(training["seed"])
         model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"])
-        return inputs(model, data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]], training)
+        return inputs(model, data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]], training,
+                      compression, world)
     finally:
         torch.set_num_threads(threads)

@@ -215,19 +215,19 @@ class Trainer:
         if self.rank == 0 and None in given:
             batch = self.t["batchSize"]
             found = calibrate.inputs(model, self.data.train_x[:batch].to(self.device),
-                                     self.data.train_y[:batch].to(self.device), self.t)
+                                     self.data.train_y[:batch].to(self.device), self.t, self.job.compression,
+                                     self.world)
             measured = torch.tensor([found[i] if v is None else float(v) for i, v in enumerate(given)],
                                     dtype=torch.float64)
         if self.world > 1:
             dist.broadcast(measured, 0)
-        compute, per_melement = (float(v) for v in measured)
+        compute, per_melement, lowrank = (float(v) for v in measured)
         latency = sim.get("latency", SIMULATION_LATENCY)
-        self.simulation = {"computeSeconds": compute, "compressionSecondsPerMelement": per_melement,
+        self.simulation = {**dict(zip(devices.INPUTS, (compute, per_melement, lowrank), strict=True)),
                            "device": sim.get("device"), "latency": latency, "jitter": sim.get("jitter", 0.0),
-                           "measured": [k for k, v in zip(("computeSeconds", "compressionSecondsPerMelement"), given,
-                                                          strict=True) if v is None]}
+                           "measured": [k for k, v in zip(devices.INPUTS, given, strict=True) if v is None]}
         return SimulatedClock(self.profile, self.world, compute, per_melement, units.parse_duration(latency),
-                              sim.get("jitter", 0.0), self.t["seed"])
+                              sim.get("jitter", 0.0), self.t["seed"], lowrank_s_per_melement=lowrank)
 
     # -- stopping ----------------------------------------------------------------------
     def _max_steps(self) -> int:
