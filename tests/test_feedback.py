@@ -125,7 +125,7 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
         state.finish()
         totals = torch.stack([torch.stack(fed), torch.stack(held)])
         dist.all_reduce(totals)
-        kinds = [(h["dense"], h["fp16"], h["rank"]) for h in state.history]
+        kinds = [(h["dense"], h["fp16"], h["lowrank_rank"]) for h in state.history]
         out[name] = (torch.stack(received).tolist(), totals[0].tolist(), totals[1].tolist(), kinds,
                      [h["wire_bytes"] for h in state.history], idle, start[0].tolist())
     return out

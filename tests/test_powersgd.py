@@ -179,7 +179,7 @@ def recorded_ranks(rank: int, world: int, ranks: list[int], steps: int = 3) -> d
         state.finish()
         matrices, whole = layout([tuple(p.shape) for p in model.parameters()], r)
         factors = sum(min(r, n, m) * (n + m) for n, m in matrices) + whole
-        out[r] = [(h["rank"], h["dense"], h["elements_sent"]) for h in state.history], factors
+        out[r] = [(h["lowrank_rank"], h["dense"], h["elements_sent"]) for h in state.history], factors
     return out
 
 

@@ -137,7 +137,7 @@ def test_quick_sample_runs_and_writes_results(tmp_path):
     held = [i for i in range(len(curve) - hold + 1) if all(a >= target for _, _, a in curve[i:i + hold])]
     assert result["time_to_accuracy_s"] == (curve[held[0]][1] if held else None)
     header = (out / "timeline.csv").read_text().splitlines()[0].split(",")
-    for col in ("time", "step", "loss", "density", "rank", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit",
+    for col in ("time", "step", "loss", "density", "lowrank_rank", "bytes", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit",
                 "dense_reason", "probe"):
         assert col in header
     # No dense first step: tta's step 0 is its 64 kB probe; a dense step, if any, is its own choice.
@@ -411,11 +411,11 @@ def test_tta_with_low_ranks_runs_powersgd_end_to_end_without_root(tmp_path):
     assert code == 0, err
     result = json.loads((tmp_path / "o" / "result.json").read_text())
     rows = list(csv.DictReader(io.StringIO((tmp_path / "o" / "timeline.csv").read_text())))
-    low = [r for r in rows if r["rank"]]
-    assert result["lowrank_steps"] == len(low) >= 25, [r["rank"] for r in rows]
+    low = [r for r in rows if r["lowrank_rank"]]
+    assert result["lowrank_steps"] == len(low) >= 25, [r["lowrank_rank"] for r in rows]
     model = build_model("mlp", (64,), 10, 1024)
     matrices, whole = layout([tuple(p.shape) for p in model.parameters()], 2)
     wire = lowrank_allreduce_bytes(matrices, whole, 2, 2, fp16=True)
-    assert all(r["rank"] == "2" for r in low)
+    assert all(r["lowrank_rank"] == "2" for r in low)
     ordinary = [float(r["bytes"]) for r in low if r["probe"] == "0"]  # a probe pads its step with zeros
     assert len(ordinary) >= 20 and set(ordinary) == {wire}, (wire, sorted(set(ordinary)))

@@ -142,7 +142,7 @@ class CompressionState(MeasuredState):
     def _decision_fields(self) -> dict:
         d = self.decision
         reason = "" if not d.dense else "warm-up" if self.warmup else "method" if self.policy is None else "controller"
-        return {"fp16": d.fp16, "dense": d.dense, "rank": 0 if d.dense else d.rank, "warmup": self.warmup,
+        return {"fp16": d.fp16, "dense": d.dense, "lowrank_rank": 0 if d.dense else d.rank, "warmup": self.warmup,
                 "dense_reason": reason,
                 "probe": bool(getattr(self.policy, "probing", False)) and not self.warmup}
 

@@ -72,4 +72,4 @@ class PaperAIMD(Policy):
                         prune=self.prune_factor * (1 - self.ratio))
 
     def estimates(self) -> dict:
-        return {"payload_ratio": self.ratio, "est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
+        return {"payload_ratio": self.ratio, "est_btlbw_bytes_per_s": self.sensor.bandwidth, "est_rtprop_s": self.sensor.rtt}

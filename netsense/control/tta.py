@@ -492,7 +492,7 @@ class TimeToAccuracyController(Policy):
         return Decision(dense=False, rank=rank, pad=pad / self.numel, fp16=self.fp16)
 
     def estimates(self) -> dict:
-        out = {"est_btlbw": self.sensor.bandwidth, "est_rtprop": self.sensor.rtt}
+        out = {"est_btlbw_bytes_per_s": self.sensor.bandwidth, "est_rtprop_s": self.sensor.rtt}
         if self.step_law == "inverse":  # the power law's exponent is a fixed setting: nothing estimated
             out["est_knee"] = self.knee
         if self.low_ranks:

@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "density", "rank", "bytes", "comm_s", "compute_s",
+TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "density", "lowrank_rank", "bytes", "comm_s", "compute_s",
                     "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "est_knee", "progress_made", "progress_dense",
                     "link_rate_mbit", "samples_per_s", "dense_reason", "probe", "accuracy"]
 

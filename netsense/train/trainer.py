@@ -362,9 +362,9 @@ class Trainer:
                 s.train_time = self.clock.now() - start - s.eval_seconds
                 self.timeline.add(
                     time=round(s.train_time, 4), step=s.step, epoch=s.epoch, loss=round(s.last_loss, 5),
-                    density=rec.get("density"), rank=rec.get("rank") or None, bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
+                    density=rec.get("density"), lowrank_rank=rec.get("lowrank_rank") or None, bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
-                    est_btlbw_mbit=_mbit(rec.get("est_btlbw")), est_rtprop_ms=_ms(rec.get("est_rtprop")),
+                    est_btlbw_mbit=_mbit(rec.get("est_btlbw_bytes_per_s")), est_rtprop_ms=_ms(rec.get("est_rtprop_s")),
                     est_knee=rec.get("est_knee"), progress_made=rec.get("progress_made") or None,
                     progress_dense=rec.get("progress_dense") or None, link_rate_mbit=self.link_rate_mbit(),
                     samples_per_s=round(samples_per_step / step_time, 2), dense_reason=rec.get("dense_reason"),
@@ -436,7 +436,7 @@ class Trainer:
         rates = sorted(r["link_rate_mbit"] for r in self.timeline.rows if r.get("link_rate_mbit") is not None)
         # TopK's sparse steps: the bytes each element sent cost on the wire (value + index, per peer), so that
         # methods are compared at the same encoding
-        topk = [h for h in hist if not h["dense"] and not h.get("rank") and h["elements_sent"]]
+        topk = [h for h in hist if not h["dense"] and not h.get("lowrank_rank") and h["elements_sent"]]
         sent = sum(h["elements_sent"] for h in topk) * (self.world - 1)
         return {
             "job": self.job.name,
@@ -464,7 +464,7 @@ class Trainer:
             # it), method (allreduce, fp16: every step); a method that compresses pays none it did not choose
             "dense_steps": dict(Counter(h["dense_reason"] for h in hist if h.get("dense"))),
             "probe_steps": sum(1 for h in hist if h.get("probe")),
-            "lowrank_steps": sum(1 for h in hist if h.get("rank") and not h.get("dense")),
+            "lowrank_steps": sum(1 for h in hist if h.get("lowrank_rank") and not h.get("dense")),
             "bytes_sent_per_worker": int(wire),
             # bytes on the wire over the training clock: never above the link for long
             "wire_goodput_mbit": round(wire * 8 / s.train_time / 1e6, 3) if s.train_time > 0 else None,

@@ -36,8 +36,9 @@ AGREE = 0.9  # ... on at least this share of the steps both runs took
 
 def choice(row: dict) -> tuple[str, float]:
     """A step's compression choice as (family, level): low-rank at its rank, TopK at its density, or dense."""
-    if row.get("rank"):
-        return "lowrank", row["rank"]
+    rank = row.get("lowrank_rank", row.get("rank"))  # "rank" in timelines before 2026-12-06
+    if rank:
+        return "lowrank", rank
     density = row.get("density")
     return ("dense", 1.0) if density is None or density >= 1 else ("topk", density)
 

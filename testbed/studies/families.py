@@ -34,9 +34,14 @@ STRETCH = 0.1  # share of a cell's steps on TopK that counts as tta leaving Powe
 FAMILIES = ("dense", "topk", "lowrank")
 
 
+def _rank(row: dict) -> float | None:
+    """The step's PowerSGD rank ("rank" in timelines before 2026-12-06, "lowrank_rank" since)."""
+    return row.get("lowrank_rank", row.get("rank"))
+
+
 def family(row: dict) -> str:
     """dense, topk or lowrank: what one timeline row's step ran."""
-    if row["rank"]:
+    if _rank(row):
         return "lowrank"
     return "dense" if row["density"] >= 1 else "topk"
 
@@ -55,7 +60,7 @@ def cell_families(cell: str) -> dict:
     seconds: dict[str, list[float]] = {}
     for before, row in zip(every, every[1:], strict=False):
         if row["probe"] != 1:
-            key = f"rank {row['rank']:g}" if row["rank"] else family(row)
+            key = f"rank {_rank(row):g}" if _rank(row) else family(row)
             seconds.setdefault(key, []).append(row["time"] - before["time"])
     return {"reading": pilot.get("reading"), "steps": len(kinds), "compute": compute, "seconds": seconds,
             "first": every[0]["time"] if every else None, "probes": sum(r["probe"] == 1 for r in every),

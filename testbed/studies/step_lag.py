@@ -43,7 +43,7 @@ def main_rank(runs: str, grid: str, method: str, scenario: str, seed: int) -> st
     path = os.path.join(runs, grid, f"{method}--{scenario}--s{seed}", "timeline.csv")
     if not os.path.exists(path):
         return "-"
-    ranks = collections.Counter(row["rank"] for row in csv.DictReader(open(path)))
+    ranks = collections.Counter(row.get("lowrank_rank", row.get("rank")) for row in csv.DictReader(open(path)))
     rank, count = ranks.most_common(1)[0]
     return f"rank {rank}" if rank and count >= 0.8 * sum(ranks.values()) else "mixed"
 
