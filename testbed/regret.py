@@ -45,13 +45,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout without installing netsense
 
 from netsense.bench import store  # noqa: E402
-from netsense.bench.grid import load_grid  # noqa: E402
+from netsense.bench.grid import grid_path, load_grid  # noqa: E402
 from netsense.bench.stats import mean_tta, paired_ratio, seed_times  # noqa: E402
 from netsense.compression import validate_config  # noqa: E402
 from netsense.control.tta import TimeToAccuracyController  # noqa: E402
 
 RESULTS = os.path.join(REPO, "testbed", "results")
-GRIDS = os.path.join(REPO, "testbed", "grids")
 
 
 def option(method: str) -> tuple[str, float] | None:
@@ -156,7 +155,7 @@ def scenarios_of(grid: str) -> dict[str, list[dict]]:
 
 def report(grid: str, ours: str) -> list[str]:
     scenarios = scenarios_of(grid)
-    _, cells, _ = load_grid(os.path.join(GRIDS, f"{grid}.yaml"))
+    _, cells, _ = load_grid(os.path.join(REPO, grid_path(grid) or f"testbed/grids/{grid}.yaml"))
     config = next((c.job["spec"]["compression"] for c in cells if c.method == ours), None)
     if config is None:
         raise SystemExit(f"--ours {ours}: not a method of testbed/grids/{grid}.yaml")

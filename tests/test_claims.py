@@ -55,7 +55,7 @@ def _expected_cells(headers: list[str], lines: list[str], ours: str) -> list[str
         return found.group(2) + (f" (r{found.group(1).split('-r')[1]})" if against.startswith("powersgd") else "")
 
     columns = {
-        "candidate TTA": lambda: f"{mine[4].strip()} s",
+        "candidate time to accuracy": lambda: f"{mine[4].strip()} s",
         "fastest other": lambda: f"{fastest}: {bar.group(2)} s",
         "mean ratio": lambda: bar.group(3),
         "paired vs it": lambda: paired(re.escape(fastest)).split(" (r")[0],

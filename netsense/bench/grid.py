@@ -11,6 +11,19 @@ from netsense.spec import API_VERSION, KIND, SpecError, parse_job
 from netsense.spec.job import VALUES_DEFAULT, read_yaml
 from netsense.spec.schema import Issue
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The registered evaluation sets and the grids the README cites at the top; development grids (dev-*) below.
+GRID_FOLDERS = ("testbed/grids", "testbed/grids/dev")
+
+
+def grid_path(name: str) -> str | None:
+    """testbed/grids[/dev]/<name>.yaml, repo-relative, or None where neither holds it."""
+    for folder in GRID_FOLDERS:
+        path = f"{folder}/{name}.yaml"
+        if os.path.isfile(os.path.join(REPO, path)):
+            return path
+    return None
+
 
 @dataclass(frozen=True)
 class Cell:

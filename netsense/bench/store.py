@@ -224,13 +224,13 @@ def index(folder: str, packages: bool = True) -> list[dict]:
     version at each code_commit from git (False: "package" left out, for a check that must not need git)."""
     names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)) and n != INDEX)
     data_of = {stem(n): n for n in names if _is_data(n)}
-    grids = os.path.join(_REPO, "testbed", "grids")
+    from netsense.bench.grid import grid_path  # the spec's modules: only where an index is written
     cache: dict[str, str] = {}
     entries = []
     for name in names:
         if _is_data(name):
             base = stem(name)
-            grid = f"testbed/grids/{base}.yaml" if os.path.isfile(os.path.join(grids, f"{base}.yaml")) else UNKNOWN
+            grid = grid_path(base) or UNKNOWN
             entry = {"file": name, "kind": "results", "grid": grid, **describe(load(os.path.join(folder, name)))}
             if packages:
                 code = entry["code_commit"]

@@ -66,7 +66,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from netsense.bench import store
-from netsense.bench.grid import load_grid
+from netsense.bench.grid import grid_path, load_grid
 from netsense.compression.lowrank import LowRank
 from netsense.control import pilot
 from netsense.spec import parse_job
@@ -98,7 +98,7 @@ class Task:
 
 def grid_task(grid: str) -> Task:
     """The task of testbed/grids/<grid>.yaml (its base training, defaults filled)."""
-    _, cells, _ = load_grid(os.path.join("testbed", "grids", f"{grid}.yaml"))
+    _, cells, _ = load_grid(grid_path(grid) or f"testbed/grids/{grid}.yaml")
     job = parse_job(cells[0].job)
     t = job.training
     own = tuple(sorted((k, v) for k, v in t.items() if k.startswith(t["dataset"]) and k != "dataset"))
