@@ -86,14 +86,53 @@ def pairs(out: str) -> list[dict]:
             continue
         a, b = reached_at(r), reached_at(s)
         adaptive = r["method"] not in FIXED_DECISIONS
-        agree = agreement(timeline(r), timeline(s)) if adaptive else None
+        tr, ts = timeline(r), timeline(s)
+        agree = agreement(tr, ts) if adaptive else None
         records.append({"job": job, "method": r["method"], "steps_real": a and a[0], "steps_simulated": b and b[0],
                          "tta_real": a and a[1], "tta_simulated": b and b[1],
                          "step_seconds_real": r["train_seconds"] / max(1, r["steps"]),
                          "step_seconds_simulated": s["train_seconds"] / max(1, s["steps"]),
                          "train_seconds_simulated": s["train_seconds"], "wall_seconds_simulated": s["wall_seconds"],
-                         "decisions_agree": agree, "simulation": s.get("simulation")})
+                         "decisions_agree": agree, "simulation": s.get("simulation"),
+                         **{f"{part}_ms_{clock}": _mean_ms(tl, column) for clock, tl in (("real", tr), ("simulated", ts))
+                            for part, column in (("compute", "compute_s"), ("compressor", "selection_s"))}})
     return records
+
+
+def _mean_ms(rows: list[dict], column: str) -> float | None:
+    """A timeline column's mean over the steps, in ms (None: no timeline, or the column never set)."""
+    values = [r[column] for r in rows if r.get(column) is not None]
+    return 1e3 * sum(values) / len(values) if values else None
+
+
+def decomposition(records: list[dict]) -> str:
+    """Where a step's time goes on each clock, per cell (means over its seeds' steps): the compute (the step less
+    its wait for the network and less the compressor's work), the compressor's own work, and the rest (the wait
+    for the network: the step's mean time less those two). On the simulated clock the first two are the model's
+    inputs; on the emulated one they are measured per step, so a difference says which part the model misses."""
+    lines = ["| cell | compute ms: emulated, simulated | compressor ms: emulated, simulated | "
+             "network wait ms: emulated, simulated |", "| --- | ---: | ---: | ---: |"]
+    by_cell: dict[str, list[dict]] = {}
+    for r in records:
+        by_cell.setdefault(cell_key(r["job"]), []).append(r)
+
+    def mean(rs: list[dict], key: str) -> float | None:
+        values = [r.get(key) for r in rs]
+        return None if None in values or not values else sum(values) / len(values)
+
+    for cell, rs in sorted(by_cell.items()):
+        parts = []
+        for part in ("compute", "compressor"):
+            a, b = mean(rs, f"{part}_ms_real"), mean(rs, f"{part}_ms_simulated")
+            parts.append("-" if a is None or b is None else f"{a:.1f}, {b:.1f}")
+        waits = []
+        for clock in ("real", "simulated"):
+            step, compute, work = (mean(rs, f"step_seconds_{clock}"), mean(rs, f"compute_ms_{clock}"),
+                                   mean(rs, f"compressor_ms_{clock}"))
+            waits.append(None if None in (step, compute, work) else 1e3 * step - compute - work)
+        parts.append("-" if None in waits else f"{waits[0]:.1f}, {waits[1]:.1f}")
+        lines.append(f"| {cell} | " + " | ".join(parts) + " |")
+    return "\n".join(lines)
 
 
 def cell_key(job: str) -> str:
@@ -163,7 +202,8 @@ def main() -> int:
         if args.clock != "both":
             return 0  # the table pairs the two: written when both have run
         store.save(args.results + ".jsonl", pairs(args.out))
-    md = table(store.load(args.results + ".jsonl"))
+    records = store.load(args.results + ".jsonl")
+    md = table(records) + "\n\nWhere a step's time goes (means over the seeds):\n\n" + decomposition(records)
     if not args.print:
         with open(args.results + ".md", "w") as fh:
             fh.write(f"# The simulated clock against the emulator, training (grid {args.grid})\n\n"
