@@ -199,6 +199,35 @@ def test_a_device_profile_gives_a_cells_inputs_unmeasured_and_a_written_figure_w
     parse_spec(cells[0].job["spec"], "c")  # what the bench gives a cell still validates
 
 
+def test_the_bench_measures_a_tasks_compute_once_and_each_compression_paths_once(monkeypatch):
+    """Cells of one task share one compute measurement whatever they compress (their comparison would otherwise
+    carry the measurement's noise: 35-48 ms between measurements of the same CNN step), and each path setting's own
+    figures."""
+    from netsense.bench import run as bench_run
+    from netsense.bench.grid import Cell
+    from netsense.train import calibrate
+
+    calls = []
+
+    def measured(training, compression, world, compute=None):
+        calls.append((compression["method"], compute))
+        return (0.01 if compute is None else compute, 0.002, 0.003 if compression["method"] == "powersgd" else 0.004)
+
+    monkeypatch.setattr(calibrate, "inputs_for", measured)
+
+    def cell(compression: dict, seed: int) -> Cell:
+        job = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "c"},
+               "spec": {**BASE, "compression": compression, "network": {"clock": "simulated"}}}
+        return Cell(job=job, method=compression["method"], scenario="s", seed=seed)
+
+    cells = [cell({"method": "topk", "density": 0.01}, s) for s in (0, 1)] + [cell({"method": "powersgd"}, 0)]
+    bench_run._measure_simulation_inputs(cells)
+    assert calls == [("topk", None), ("powersgd", 0.01)]  # the second path setting reuses the task's compute
+    given = [c.job["spec"]["network"]["simulation"] for c in cells]
+    assert [g["computeSeconds"] for g in given] == [0.01] * 3
+    assert [g["lowRankSecondsPerMelement"] for g in given] == [0.004, 0.004, 0.003]
+
+
 def test_a_cluster_refuses_the_simulated_clock():
     job = parse_spec({**BASE, "network": {"clock": "simulated"}}, "j")
     with pytest.raises(SpecError, match="spec.network.clock: simulated is a study tool"):

@@ -148,12 +148,13 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
 
 def _measure_simulation_inputs(todo: list) -> None:
     """Each simulated cell's compute and compression inputs (spec.network.simulation), where the grid does not give
-    them: measured once a task (model, data, batch, the compression's path settings and the workers), here,
-    before any cell runs, and given to every cell of the task. Measured by each cell, they would vary with what
+    them: the compute measured once a task (model, data, batch), the compression's paths once a task, path
+    settings and workers, here, before any cell runs, and given to every cell of the task. Measured by each cell, they would vary with what
     ran beside it: 3.4-7.4 ms of compute between cells of one task two at a time
     (testbed/results/sim-training.md)."""
     from netsense.spec import parse_job
 
+    computes: dict[tuple, float] = {}  # a task's compute: one measurement for all its cells, whatever they compress
     measured: dict[tuple, tuple[float, float, float]] = {}
     for cell in todo:
         network = cell.job["spec"].get("network") or {}
@@ -164,17 +165,19 @@ def _measure_simulation_inputs(todo: list) -> None:
 
         job = parse_job(cell.job)
         t, settings = job.training, calibrate.path_settings(job.compression)
-        task = (t["model"], t["dataset"], t.get("dataPath"), t["hiddenSize"], t["batchSize"],
-                *sorted(settings.items()), job.workers)
-        if task not in measured:
-            measured[task] = calibrate.inputs_for(t, job.compression, job.workers)
-            compute, sparse, lowrank = measured[task]
+        task = (t["model"], t["dataset"], t.get("dataPath"), t["hiddenSize"], t["batchSize"])
+        paths = (*task, *sorted(settings.items()), job.workers)
+        if paths not in measured:
+            compute, sparse, lowrank = calibrate.inputs_for(t, job.compression, job.workers,
+                                                            compute=computes.get(task))
+            computes[task] = compute
+            measured[paths] = compute, sparse, lowrank
             print(f"netsense: simulated clock: {t['model']} on {t['dataset']}, batch {t['batchSize']}, "
                   f"{job.workers} workers: a step's compute {compute * 1e3:.2f} ms; per million elements TopK's "
                   f"path {sparse * 1e3:.2f} ms (density {settings['density']:g}), PowerSGD's {lowrank * 1e3:.2f} ms "
                   f"(rank {settings['rank']}) (measured once, given to every cell of the task)",
                   file=sys.stderr, flush=True)
-        inputs = (g if g is not None else m for g, m in zip(devices.given_inputs(sim), measured[task], strict=True))
+        inputs = (g if g is not None else m for g, m in zip(devices.given_inputs(sim), measured[paths], strict=True))
         network["simulation"] = {**sim, **dict(zip(devices.INPUTS, inputs, strict=True))}
 
 

@@ -14,15 +14,18 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-WARMUP, TIMED = 2, 7
+WARMUP, TIMED = 3, 7
+SPAN, MOST = 1.0, 41  # timed calls go on until SPAN seconds of them (at most MOST): a 45 ms CNN step's median of 7
+# read 35-48 ms from one measurement to the next (testbed/results/sim-training.md); of 21, a few percent
 
 
 def _median_seconds(run: Callable[[], object]) -> float:
-    """The median time of TIMED calls of ``run`` after WARMUP untimed ones."""
+    """The median time of at least TIMED calls of ``run`` (more, up to MOST, until SPAN seconds of them) after
+    WARMUP untimed ones."""
     for _ in range(WARMUP):
         run()
-    times = []
-    for _ in range(TIMED):
+    times: list[float] = []
+    while len(times) < TIMED or (sum(times) < SPAN and len(times) < MOST):
         t0 = time.perf_counter()
         run()
         times.append(time.perf_counter() - t0)
@@ -137,14 +140,18 @@ def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tupl
 
 
 def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, training: dict, compression: dict,
-           world: int) -> tuple[float, float, float]:
+           world: int, compute: float | None = None) -> tuple[float, float, float]:
     """(computeSeconds, compressionSecondsPerMelement, lowRankSecondsPerMelement) of ``model`` trained as
-    ``training`` on the batch (x, y), compressed as ``compression`` among ``world`` ranks."""
+    ``training`` on the batch (x, y), compressed as ``compression`` among ``world`` ranks (``compute``: already
+    measured, not again)."""
     params = list(model.parameters())
-    return (compute_seconds(model, x, y, training), *path_seconds(params, path_settings(compression), world))
+    if compute is None:
+        compute = compute_seconds(model, x, y, training)
+    return (compute, *path_seconds(params, path_settings(compression), world))
 
 
-def inputs_for(training: dict, compression: dict, world: int) -> tuple[float, float, float]:
+def inputs_for(training: dict, compression: dict, world: int,
+               compute: float | None = None) -> tuple[float, float, float]:
     """``inputs`` of a job's training and compression (spec.training and .compression, parsed) among ``world``
     ranks, measured here on one thread: what netsense bench gives every simulated cell of a task, measured once
     before any runs (cells side by side would each measure the others' load)."""
@@ -158,6 +165,6 @@ def inputs_for(training: dict, compression: dict, world: int) -> tuple[float, fl
         torch.manual_seed(training["seed"])
         model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"])
         return inputs(model, data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]], training,
-                      compression, world)
+                      compression, world, compute)
     finally:
         torch.set_num_threads(threads)

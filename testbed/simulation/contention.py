@@ -1,0 +1,42 @@
+"""Do two workers' compute steps slow each other on this machine's 2 cores? The simulated clock's measured inputs
+(netsense.train.calibrate.inputs_for: a step's compute, TopK's and PowerSGD's path per million elements, in ms)
+for a validation grid's method, measured by one process alone and then by two at once, each on one thread, as the
+emulator's two workers run (testbed/results/sim-training.md quotes it).
+
+    .venv/bin/python testbed/simulation/contention.py testbed/grids/sim-validation.yaml topk-0.01
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+
+def measure(grid: str, method: str) -> list[float]:
+    from netsense.spec import parse_job
+    from netsense.train import calibrate
+
+    with open(grid) as fh:
+        g = yaml.safe_load(fh)
+    job = parse_job({"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "x"},
+                     "spec": {**g["base"], "compression": g["methods"][method]}})
+    return [round(v * 1e3, 3) for v in calibrate.inputs_for(job.training, job.compression, job.workers)]
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--one"]:
+        print(json.dumps(measure(*sys.argv[2:4])))
+        return 0
+    one = [sys.executable, __file__, "--one", *sys.argv[1:3]]
+    alone = [json.loads(subprocess.check_output(one)) for _ in range(2)]
+    procs = [subprocess.Popen(one, stdout=subprocess.PIPE) for _ in range(2)]
+    together = [json.loads(p.communicate()[0]) for p in procs]
+    print(f"alone (twice, one after the other): {alone}\ntwo at once: {together}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
