@@ -526,7 +526,7 @@ class TimeToAccuracyController(Policy):
 
     def estimates(self) -> dict:
         out = {"est_btlbw_bytes_per_s": self.sensor.bandwidth, "est_rtprop_s": self.sensor.rtt}
-        if self.step_law == "inverse" and self.penalties is None:  # the power law's exponent: a fixed setting
+        if self.step_law == "inverse" and self.penalties is None:  # no knee to report: a power law, a profile
             out["est_knee"] = self.knee
         if self.low_ranks:
             out["est_lowrank_s_per_rank"] = self.lowrank_cost.per_element
