@@ -37,11 +37,11 @@ def test_between_two_measured_densities_the_factor_is_monotone_and_linear_in_log
     assert interpolate(MEASURED, math.sqrt(0.01 * 0.003)) == pytest.approx(math.sqrt(1.4 * 1.9))
 
 
-def test_beyond_the_measured_densities_the_nearest_pairs_slope_goes_on_and_never_below_one():
-    slope = math.log(1.9 / 1.4) / math.log(0.003 / 0.01)  # the pair (0.01, 0.003)
-    assert interpolate(MEASURED, 0.03) == pytest.approx(1.4 * (0.03 / 0.01) ** slope)
-    assert interpolate(MEASURED, 0.03) < 1.4
-    assert interpolate(MEASURED, 1.0) == 1.0  # the slope would say fewer steps than dense: clamped
+def test_below_the_measured_densities_the_slope_goes_on_above_them_the_least_compressed_factor_holds():
+    # more density than measured: never priced as nearly free (extrapolated, 1% at 1.4x reached 1 by 10%)
+    assert interpolate(MEASURED, 0.03) == pytest.approx(1.4)
+    assert interpolate(MEASURED, 1.0) == pytest.approx(1.4)
+    assert interpolate({0.01: 0.8, 0.001: 2.0}, 0.1) == 1.0  # and never below 1
     low_slope = math.log(3.0 / 1.9) / math.log(0.001 / 0.003)
     assert interpolate(MEASURED, 0.0005) == pytest.approx(3.0 * 0.5 ** low_slope)
     assert interpolate({4.0: 0.9}, 2.0) == 1.0 and interpolate({4.0: 1.2}, 64.0) == pytest.approx(1.2)

@@ -22,8 +22,9 @@ the largest factor of a less compressed option of its family (``budget_bound`` t
 ``steps_factor`` as measured (a lower bound as the factor itself: the cheapest it can be).
 
 Between the measured densities (ranks) the factor is interpolated linearly in log factor against log density
-(log rank); beyond them it is extrapolated with the slope of the nearest pair, and never below 1 (no option
-is taken to need fewer steps than the dense gradient, which no measurement here could tell from noise).
+(log rank); below the smallest it is extrapolated with the slope of the lowest pair; above the largest (less
+compression than any measured) the largest's factor is held, not extrapolated towards 1; and never below 1 (no
+option is taken to need fewer steps than the dense gradient, which no measurement here could tell from noise).
 """
 
 from __future__ import annotations
@@ -42,14 +43,18 @@ class PenaltiesError(ValueError):
 
 def interpolate(points: dict[float, float], x: float) -> float:
     """The steps factor at ``x`` (a density or a rank) from measured (x, factor) points: piecewise linear in
-    (log x, log factor), extrapolated past the ends with the nearest pair's slope, and at least 1."""
+    (log x, log factor), extrapolated below the smallest x with the lowest pair's slope, held above the largest,
+    and at least 1."""
     if not points:
         raise ValueError("no measured points to interpolate")
     xs = sorted(points)
     logs = [(math.log(p), math.log(max(points[p], 1e-12))) for p in xs]
     lx = math.log(x)
-    if len(logs) == 1:
-        value = logs[0][1]
+    if len(logs) == 1 or lx >= logs[-1][0]:
+        # above the least compressed option measured: its factor, held. Extrapolated, the factor reached 1 (no
+        # penalty) within a decade above 1%, and tta chose TopK at 12% on a task whose 1% cost 1.5x the steps:
+        # nothing measured says that more density is free, nor how close to free it is
+        value = logs[-1][1]
     else:
         i = 1  # the pair (i-1, i) whose interval holds x, or the nearest end's pair
         while i < len(logs) - 1 and lx > logs[i][0]:

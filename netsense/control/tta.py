@@ -128,8 +128,8 @@ until a reading replaces it.
 A penalties profile (spec: penalties; netsense.control.penalties, written by ``netsense calibrate``) replaces
 every step prior above with this task's measurements: each option's steps to a loss milestone over dense fp16's,
 raced on the user's own model, batch and lr. ``steps_factor(d)`` is then TopK's measured factors interpolated in
-log factor against log density (extrapolated with the nearest pair's slope, at least 1) and
-``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent, lowRankKnee and
+log factor against log density (below the measured ones with the lowest pair's slope, above them held; at least
+1) and ``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent, lowRankKnee and
 convTopkPrior are unused, and the spec refuses it with familyPilot or learnKnee (each would move a prior the
 profile replaced). With no closed form for the optimum, d* is the least predicted cost on a log grid of densities
 (``DENSITY_GRID``). Not yet validated against the hindsight-best option (issue 62's later items).
