@@ -27,6 +27,7 @@ EPILOG = """examples:
   netsense validate samples/quick.yaml
   sudo .venv/bin/netsense run samples/quick.yaml --out runs/quick
   netsense bench testbed/grids/ci.yaml --out runs/bench
+  netsense calibrate samples/quick.yaml --out runs/calibrate/quick
   netsense shape --dev eth0 --rate 200Mbit
   netsense shape --dev eth0 --profile profile.yaml --direction both
   netsense clean
@@ -202,6 +203,34 @@ def cmd_bench(args) -> int:
                      reader_image=args.reader_image)
 
 
+def _numbers(text: str, kind: type, flag: str) -> tuple:
+    try:
+        values = tuple(kind(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError([Issue(flag, f"{text!r} is not a comma-separated list of {kind.__name__}s")]) from None
+    if any(v <= 0 for v in values) or (flag == "--densities" and any(v > 1 for v in values)):
+        raise SpecError([Issue(flag, f"{text!r}: each must be " + ("in (0, 1]" if flag == "--densities" else "> 0"))])
+    return values
+
+
+def cmd_calibrate(args) -> int:
+    from netsense.bench import calibration
+
+    job = load_job(args.job)
+    check_local(job)
+    if args.seeds < 1 or args.steps < 10 or args.rungs < 1 or args.parallel < 1:
+        raise SpecError([Issue("--seeds/--steps/--rungs/--parallel", "at least 1 seed, 10 steps, 1 rung and 1 run "
+                                                                     "at a time")])
+    out = args.out or os.path.join("runs", "calibrate", job.name)
+    seeds = [job.training["seed"] + i for i in range(args.seeds)]
+    profile, path = calibration.calibrate(
+        job, out, seeds=seeds, budget=args.steps, rungs=args.rungs, parallel=args.parallel,
+        densities=_numbers(args.densities, float, "--densities"), ranks=_numbers(args.ranks, int, "--ranks"))
+    print("\n".join(calibration.summary_lines(profile)))
+    print(f"netsense: wrote {path} (use it: spec.compression.penalties with method tta)", file=sys.stderr)
+    return 0
+
+
 def cmd_clean(args) -> int:
     from netsense.emulation.cluster import clean, preflight
 
@@ -281,6 +310,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also draw each cell's timeline.png (about a second of CPU a cell; the bench's own "
                         "plots come from the cells' timeline.csv either way)")
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("calibrate", help="measure each compression option's step penalty on this job (tta's "
+                                         "penalties profile)",
+                       description=textwrap.fill(
+                           "Like a learning-rate finder: race dense fp16, TopK at --densities and PowerSGD at --ranks "
+                           "on JOB's own model, data, batch and lr, each to the same training-loss milestone (dense's "
+                           "smoothed loss at 80% of --steps), with --seeds seeds, successive-halving style (options "
+                           "that miss it, the nearer half runs again at twice the budget, the rest are reported as "
+                           "lower bounds). Runs on the simulated clock (the steps to a loss do not depend on the "
+                           "clock; no root needed). Writes DIR/penalties.json: each option's steps over dense's, "
+                           "with a 95% interval over the seeds (2 seeds: wide), and the calibration's cost (wall "
+                           "seconds, steps trained), which belongs in any comparison that uses it. Give it to tta as "
+                           "spec.compression.penalties. Not yet validated against the hindsight-best option.", 79),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("job", help="NetSenseJob YAML file (its network is ignored: the runs are simulated)")
+    s.add_argument("--out", metavar="DIR", help="output directory (default runs/calibrate/NAME); every run is kept "
+                                                "under DIR/runs/")
+    s.add_argument("--seeds", type=int, default=2, metavar="N", help="seeds per option, from the job's seed on "
+                                                                     "(default 2)")
+    s.add_argument("--steps", type=int, default=200, metavar="B", help="rung 0's step budget per run (default 200); "
+                                                                       "rung r's is B x 2^r")
+    s.add_argument("--rungs", type=int, default=3, metavar="R", help="successive-halving rungs (default 3)")
+    s.add_argument("--densities", default="0.01,0.003,0.001", metavar="D,D,...", help="TopK's densities "
+                                                                                     "(default 0.01,0.003,0.001)")
+    s.add_argument("--ranks", default="2,8", metavar="R,R,...", help="PowerSGD's ranks (default 2,8)")
+    s.add_argument("--parallel", type=int, default=2, metavar="N", help="runs at once (default 2: simulated runs "
+                                                                        "take a core a worker)")
+    s.set_defaults(fn=cmd_calibrate)
 
     s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",
                        description="Apply a static rate or a profile to IFACE (TBF, rate changes in place) "

@@ -32,10 +32,12 @@ from netsense.compression.hooks import CompressionState, TorchHookState, compres
 from netsense.compression.lowrank import layout
 from netsense.compression.memory import LocalMomentum, SharedMomentum
 from netsense.compression.steps import MeasuredState
+from netsense.control import penalties
 from netsense.control.aimd import PaperAIMD
 from netsense.control.cost import dense_allreduce_bytes
 from netsense.control.delay import DelayDriven
 from netsense.control.fixed import FixedDensity, FixedLowRank
+from netsense.control.penalties import Penalties
 from netsense.control.tta import TimeToAccuracyController
 from netsense.spec.job import COMPRESSION
 from netsense.spec.schema import Errors
@@ -62,6 +64,20 @@ def ddp_options(config: dict | str | None, backend: str) -> dict:
     itself, so every method keeps DDP's buckets and their overlap with the backward pass.)"""
     validate_config(config)
     return {}
+
+
+def read_penalties(path: str | None) -> Penalties | None:
+    """tta's penalties profile (spec.compression.penalties), read by each worker; a file gone or broken since the
+    job was loaded is the job's error, naming the field."""
+    if not path:
+        return None
+    from netsense.spec.job import SpecError
+    from netsense.spec.schema import Issue
+
+    try:
+        return penalties.load(path)
+    except penalties.PenaltiesError as e:
+        raise SpecError([Issue("compression.penalties", str(e))]) from None
 
 
 def has_conv(model: torch.nn.Module) -> bool:
@@ -110,7 +126,8 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
             step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
-            probe_cap=c["probeCap"], topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0),
+            probe_cap=c["probeCap"], topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0,
+            penalties=read_penalties(c.get("penalties"))),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
         native.library()  # build or load the sparse kernels now, not inside the first step

@@ -125,6 +125,15 @@ residual, where PowerSGD updates every layer every step; whatever the cause, con
 candidate, the geometric mean of the conv nets' medians; 1 by default) scales TopK's prior on such models
 until a reading replaces it.
 
+A penalties profile (spec: penalties; netsense.control.penalties, written by ``netsense calibrate``) replaces
+every step prior above with this task's measurements: each option's steps to a loss milestone over dense fp16's,
+raced on the user's own model, batch and lr. ``steps_factor(d)`` is then TopK's measured factors interpolated in
+log factor against log density (below the measured ones with the lowest pair's slope, above them held; at least
+1) and ``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent, lowRankKnee and
+convTopkPrior are unused, and the spec refuses it with familyPilot or learnKnee (each would move a prior the
+profile replaced). With no closed form for the optimum, d* is the least predicted cost on a log grid of densities
+(``DENSITY_GRID``). Not yet validated against the hindsight-best option (issue 62's later items).
+
 Communication that overlaps the backward pass is not counted as free: on
 CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
 Counting the overlapped time as free drove ResNet18 at 200 Mbit/s to 4.5%
@@ -205,6 +214,7 @@ from netsense.control.cost import (
     sparse_allgather_bytes,
 )
 from netsense.control.decision import Decision, Policy, StepMeasurement, smoothed
+from netsense.control.penalties import Penalties
 from netsense.control.sensing import LinkEstimator
 
 
@@ -233,10 +243,14 @@ class TimeToAccuracyController(Policy):
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
                  low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3,
                  step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False,
-                 probe_cap: bool = False, topk_scale: float = 1.0):
+                 probe_cap: bool = False, topk_scale: float = 1.0, penalties: Penalties | None = None):
         self.numel, self.world = numel, world
         if step_law not in ("inverse", "power") or (step_law == "power" and learn_knee):
             raise ValueError(f"step_law {step_law!r}: inverse, or power without learn_knee")
+        if penalties is not None and learn_knee:
+            raise ValueError("penalties: a measured profile replaces the knee learn_knee would learn")
+        # This task's measured steps factors (netsense calibrate): where given, the priors below are unused.
+        self.penalties = penalties
         self.step_law, self.density_exponent = step_law, density_exponent
         self.probe_padding, self.probe_cap = probe_padding, probe_cap
         # PowerSGD's options: rank -> (the matrices it compresses, the elements it sends whole), largest rank first
@@ -327,11 +341,17 @@ class TimeToAccuracyController(Policy):
         return 1 + self.knee / density
 
     def steps_factor(self, density: float) -> float:
-        """TopK's steps at this density over the dense steps: the step law times the pilot's scale."""
+        """TopK's steps at this density over the dense steps: measured (the penalties profile, interpolated),
+        else the step law times the pilot's scale."""
+        if self.penalties is not None:
+            return self.penalties.topk_factor(density)
         return self.topk_scale * self.step_law_factor(density)
 
     def lowrank_steps_factor(self, rank: int) -> float:
-        """PowerSGD's steps at this rank over the dense steps (the family's prior)."""
+        """PowerSGD's steps at this rank over the dense steps: measured (the penalties profile, interpolated),
+        else the family's prior."""
+        if self.penalties is not None:
+            return self.penalties.powersgd_factor(rank)
         return 1 + self.lowrank_knee / rank
 
     def read_family_pilot(self, ratio: float, density: float, rank: int) -> None:
@@ -349,12 +369,25 @@ class TimeToAccuracyController(Policy):
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
+        if self.penalties is not None:
+            return self._measured_optimum()
         fixed = self.compute_s + self.selection.intercept + self.sensor.fixed
         per_density = self.numel * (self._wire_per_element() + self.selection.per_element)
         if self.step_law == "power":
             q = self.density_exponent
             return q / (1 - q) * fixed / per_density
         return math.sqrt(self.knee * fixed / per_density)
+
+    # With a penalties profile the steps factor is a measured curve, not a law with a closed-form optimum: d* is
+    # searched on this many log-spaced densities from min_density to 1 (about 7% apart over three decades; near
+    # its optimum the cost is flat, so a finer grid would not change the cost chosen).
+    DENSITY_GRID = 97
+
+    def _measured_optimum(self) -> float:
+        """d* under the measured steps factors: the grid density with the least predicted cost."""
+        low = math.log(self.min_density)
+        grid = [math.exp(low - low * i / (self.DENSITY_GRID - 1)) for i in range(self.DENSITY_GRID)]
+        return min(grid, key=lambda d: self.steps_factor(d) * self.step_seconds(Decision(density=d, dense=False)))
 
     def step_seconds(self, d: Decision) -> float:
         """Predicted seconds of one step under decision d (compute, the compressor's own work, the wire)."""
@@ -493,7 +526,7 @@ class TimeToAccuracyController(Policy):
 
     def estimates(self) -> dict:
         out = {"est_btlbw_bytes_per_s": self.sensor.bandwidth, "est_rtprop_s": self.sensor.rtt}
-        if self.step_law == "inverse":  # the power law's exponent is a fixed setting: nothing estimated
+        if self.step_law == "inverse" and self.penalties is None:  # no knee to report: a power law, a profile
             out["est_knee"] = self.knee
         if self.low_ranks:
             out["est_lowrank_s_per_rank"] = self.lowrank_cost.per_element

@@ -177,6 +177,15 @@ def _check_family_pilot(c: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.familyPilot", "chooses between TopK and PowerSGD: give the PowerSGD ranks in lowRanks")
 
 
+def _check_penalties(c: dict, path: str, errors: Errors) -> None:
+    if c.get("penalties") and c["familyPilot"]:
+        errors.add(f"{path}.penalties", "a measured profile replaces the priors the family pilot scales: set "
+                                        "familyPilot false, or leave penalties out")
+    if c.get("penalties") and c["learnKnee"]:
+        errors.add(f"{path}.penalties", "a measured profile replaces the knee learnKnee would learn: set "
+                                        "learnKnee false, or leave penalties out")
+
+
 def _check_null_wire(spec: dict, path: str, errors: Errors) -> None:
     c, t = spec.get("compression") or {}, spec.get("training") or {}
     if t.get("nullWire") and c.get("method") == "fp16":
@@ -402,7 +411,13 @@ COMPRESSION = Union("method", {
                                            f"{PILOT_EXPONENT} fitted on the development tasks "
                                            "(testbed/results/learnability.md, section 6)"),
                                  default=PILOT_EXPONENT),
-    }, checks=[_check_momentum, _check_step_law, _check_family_pilot], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
+        "penalties": F(Str(doc="a penalties profile written by netsense calibrate (penalties.json; a local file, "
+                               "relative to the job file): each option's steps to a loss milestone over dense "
+                               "fp16's, measured on this task; tta's steps model then comes from it (interpolated "
+                               "between the measured densities and ranks) and kneeDensity, stepLaw, "
+                               "densityExponent, lowRankKnee and convTopkPrior are unused. Not with familyPilot or "
+                               "learnKnee")),
+    }, checks=[_check_momentum, _check_step_law, _check_family_pilot, _check_penalties], doc="our controller: each step, the density that minimizes the predicted time to accuracy "
            "(measured step cost at the sensed bandwidth x predicted steps)"),
 }, what="method", default="allreduce", aliases={"overlap": "tta", "ours": "tta"},
     doc="gradient compression: the method and its own settings (a setting of another method is an error)")
@@ -699,11 +714,26 @@ def inline_trace_file(profile: dict | None, relative_to: str, field_path: str) -
 
 
 def load_job(path: str) -> Job:
-    """Read and validate a job file; trace files are resolved relative to it and inlined."""
+    """Read and validate a job file; trace files are resolved relative to it and inlined, a penalties profile
+    resolved relative to it and read (its path made absolute, so that every worker reads the same file)."""
     job = parse_job(read_yaml(path, "job file"))
     if inline_trace_file(job.network.get("profile"), path, "spec.network.profile.file"):
         job = parse_job(job.manifest())  # re-validate the inlined points
+    if job.compression.get("penalties"):
+        base = os.path.dirname(os.path.abspath(path))
+        job.compression["penalties"] = os.path.join(base, job.compression["penalties"])
+        check_penalties(job.compression["penalties"], "spec.compression.penalties")
     return job
+
+
+def check_penalties(path: str, field_path: str) -> None:
+    """A penalties file that cannot be read or holds no profile is the job's error, naming its field."""
+    from netsense.control import penalties
+
+    try:
+        penalties.load(path)
+    except penalties.PenaltiesError as e:
+        raise SpecError([Issue(field_path, str(e))]) from None
 
 
 def read_trace(path: str, field_path: str) -> list[dict]:
@@ -749,6 +779,9 @@ def check_cluster(job: Job) -> None:
     if net["topology"] == "shared":
         issues.append(Issue("spec.network.topology", "shared is the emulated cluster's switch; on a cluster "
                                                      "the nodes' own network is the shared link (use per-host)"))
+    if job.compression.get("penalties"):
+        issues.append(Issue("spec.compression.penalties", "a penalties file is read locally (netsense run, "
+                                                          "netsense bench); a cluster's pods cannot read it"))
     if net["clock"] == "simulated":
         issues.append(Issue("spec.network.clock", "simulated is a study tool of netsense run and netsense bench; "
                                                   "a cluster's job runs on its real network (use real)"))

@@ -424,6 +424,15 @@ class Trainer:
             return "fp16 below trq, else fp32" if c["quantize"] else "fp32"
         return "fp16" if c["method"] == "fp16" else "fp32"
 
+    def _penalties_record(self) -> dict | None:
+        """The penalties profile tta's controller priced its options with, as it read it (None: the priors)."""
+        loaded = getattr(getattr(self.hook, "policy", None), "penalties", None)
+        if loaded is None:
+            return None
+        return {"file": loaded.source, "cost": loaded.cost,
+                "topk": {f"{d:g}": f for d, f in sorted(loaded.topk.items())},
+                "powersgd": {str(r): f for r, f in sorted(loaded.powersgd.items())}}
+
     def _result(self, samples_per_step: int, wall: float) -> dict:
         s = self.state
         hist = self.hook.history
@@ -487,6 +496,8 @@ class Trainer:
                                  "cuda-events" if self.device.type == "cuda" else "wall-clock"),
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
             "family_pilot": self.pilot,
+            # tta's measured steps factors (netsense calibrate): which file, and what measuring them cost
+            "penalties": self._penalties_record(),
             # valid but never met: a profile's changes after the training ended
             "warnings": [unseen_message(unseen, s.train_time, "this run's training")]
             if (unseen := unseen_changes(self.profile, s.train_time)) else [],
