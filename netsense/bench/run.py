@@ -149,8 +149,8 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
 def _measure_simulation_inputs(todo: list) -> None:
     """Each simulated cell's compute and compression inputs (spec.network.simulation), where the grid does not give
     them: the compute measured once a task (model, data, batch), the compression's paths once a task, path
-    settings and workers, here, before any cell runs, and given to every cell of the task. Measured by each cell, they would vary with what
-    ran beside it: 3.4-7.4 ms of compute between cells of one task two at a time
+    settings and workers, here, before any cell runs, and given to every cell of the task. Measured by each cell,
+    they would vary with what ran beside it: 3.4-7.4 ms of compute between cells of one task two at a time
     (testbed/results/sim-training.md)."""
     from netsense.spec import parse_job
 

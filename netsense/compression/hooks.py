@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from netsense.compression import communicator
 from netsense.compression.compressor import TopK
-from netsense.compression.lowrank import LowRank
+from netsense.compression.lowrank import LowRank, from_wire, to_wire
 from netsense.compression.memory import LocalMomentum, ResidualMemory, SharedMomentum
 from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
@@ -249,11 +249,11 @@ class CompressionState(MeasuredState):
         c = self.counts
         self.selection_timer.stop(t0)
         # Waited for here (the Q's need the summed P's): exposed time, not compute.
-        wire_first = self._to_wire(first, fp16)
+        wire_first = to_wire(first, self.world, fp16)
         self.timer.wait_for(lambda: communicator.allreduce_now(wire_first, self.group, self.null_wire), "all_reduce",
                             dense_allreduce_bytes(first.numel(), self.world, fp16))
         t1 = self.selection_timer.start()
-        first = self._from_wire(wire_first, first, fp16)
+        first = from_wire(wire_first, first, self.world, fp16)
         second, hats, vectors = self.lowrank.second_pass(first, mats, pieces, rank)
         self.selection_timer.stop(t1)
         shapes = [p.shape for p in pieces if p.shape is not None]
@@ -268,26 +268,17 @@ class CompressionState(MeasuredState):
             second = torch.cat([second, second.new_zeros(pad)])
             c.wire_bytes += dense_allreduce_bytes(pad, self.world, fp16)
             c.payload_bytes += pad * (2 if fp16 else second.element_size())
-        wire_second = self._to_wire(second, fp16)
+        wire_second = to_wire(second, self.world, fp16)
 
         def done(_: torch.futures.Future) -> torch.Tensor:
             t2 = self.selection_timer.start()  # decoding: its own work, as the passes are (not compute)
-            q_sum = self._from_wire(wire_second, second, fp16)
+            q_sum = from_wire(wire_second, second, self.world, fp16)
             self.lowrank.apply(buf, residual, pieces, hats, q_sum, vectors, self.world, rank)
             self.selection_timer.stop(t2)
             return buf
 
         return communicator.allreduce(wire_second, self.group, self.timer, done, self.null_wire,
                                       dense_allreduce_bytes(second.numel(), self.world, fp16))
-
-    def _to_wire(self, values: torch.Tensor, fp16: bool) -> torch.Tensor:
-        """What a low-rank all_reduce sends: the fp32 values, or their share of the mean as fp16."""
-        return values.div(self.world).to(torch.float16) if fp16 else values
-
-    def _from_wire(self, wire: torch.Tensor, values: torch.Tensor, fp16: bool) -> torch.Tensor:
-        """The summed values in fp32 (``values``, the tensor sent, holds them in place when it went as is)."""
-        return values.copy_(wire).mul_(self.world) if fp16 else wire
-
 
 def padded(packed: torch.Tensor, k: int, pad: int) -> torch.Tensor:
     """A packed (k indices, k values) chunk with ``pad`` zero entries after each part: (k + pad) of each."""

@@ -32,6 +32,17 @@ import torch
 MIN_COMPRESSION_RATE = 2.0
 
 
+def to_wire(values: torch.Tensor, world: int, fp16: bool) -> torch.Tensor:
+    """What a low-rank all_reduce sends: the fp32 values, or their share of the mean as fp16 (a sum of N fp16
+    values could overflow where their mean cannot)."""
+    return values.div(world).to(torch.float16) if fp16 else values
+
+
+def from_wire(wire: torch.Tensor, values: torch.Tensor, world: int, fp16: bool) -> torch.Tensor:
+    """The summed values in fp32 (``values``, the tensor sent, holds them in place when it went as is)."""
+    return values.copy_(wire).mul_(world) if fp16 else wire
+
+
 @dataclass
 class Piece:
     """One parameter's place in its bucket: ``offset`` and ``numel`` in the flat buffer; ``shape`` (n, m) when it

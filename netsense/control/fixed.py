@@ -7,27 +7,27 @@ from __future__ import annotations
 from netsense.control.decision import Decision, Policy, StepMeasurement
 
 
-class FixedDensity(Policy):
+class Fixed(Policy):
+    """``decision`` every step; nothing measured changes it."""
+
+    decision: Decision
+
+    def update(self, m: StepMeasurement) -> None:
+        pass
+
+    def decide(self) -> Decision:
+        return self.decision
+
+
+class FixedDensity(Fixed):
     """topk: always the same density."""
 
     def __init__(self, density: float, fp16: bool = False):
         self.decision = Decision(density=density, dense=False, fp16=fp16)
 
-    def update(self, m: StepMeasurement) -> None:
-        pass
 
-    def decide(self) -> Decision:
-        return self.decision
-
-
-class FixedLowRank(Policy):
+class FixedLowRank(Fixed):
     """powersgd: always the same rank (PowerSGD, netsense.compression.lowrank), its factors as ``fp16`` says."""
 
     def __init__(self, rank: int, fp16: bool = False):
         self.decision = Decision(dense=False, rank=rank, fp16=fp16)
-
-    def update(self, m: StepMeasurement) -> None:
-        pass
-
-    def decide(self) -> Decision:
-        return self.decision

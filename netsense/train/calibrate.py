@@ -105,7 +105,7 @@ def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tupl
     replaces the optimizer's momentum, which computeSeconds holds) and a bucket's fixed costs (one bucket here,
     DDP's few there)."""
     from netsense.compression.compressor import TopK
-    from netsense.compression.lowrank import LowRank
+    from netsense.compression.lowrank import LowRank, from_wire, to_wire
     from netsense.compression.memory import ResidualMemory
 
     params = [p for p in params if p.requires_grad]
@@ -127,11 +127,9 @@ def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tupl
         signal = memory.compensate(0, buf, views, params) if memory is not None else buf
         pieces = LowRank.pieces(buf, views, params, rank)
         first, mats = lowrank.first_pass(signal, pieces, rank)
-        if fp16:
-            first.copy_(first.div(world).to(torch.float16)).mul_(world)
+        first = from_wire(to_wire(first, world, fp16), first, world, fp16)
         second, hats, vectors = lowrank.second_pass(first, mats, pieces, rank)
-        if fp16:
-            second.copy_(second.div(world).to(torch.float16)).mul_(world)
+        second = from_wire(to_wire(second, world, fp16), second, world, fp16)
         lowrank.apply(buf, signal if memory is not None else None, pieces, hats, second, vectors, world, rank)
 
     copying = _median_seconds(lambda: buf.copy_(grad))  # each call's fresh gradient: not the path's work

@@ -216,7 +216,7 @@ class Trainer:
             batch = self.t["batchSize"]
             found = calibrate.inputs(model, self.data.train_x[:batch].to(self.device),
                                      self.data.train_y[:batch].to(self.device), self.t, self.job.compression,
-                                     self.world)
+                                     self.world, compute=given[0])
             measured = torch.tensor([found[i] if v is None else float(v) for i, v in enumerate(given)],
                                     dtype=torch.float64)
         if self.world > 1:

@@ -12,17 +12,13 @@ import json
 import subprocess
 import sys
 
-import yaml
-
 
 def measure(grid: str, method: str) -> list[float]:
+    from netsense.bench.grid import load_grid
     from netsense.spec import parse_job
     from netsense.train import calibrate
 
-    with open(grid) as fh:
-        g = yaml.safe_load(fh)
-    job = parse_job({"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "x"},
-                     "spec": {**g["base"], "compression": g["methods"][method]}})
+    job = parse_job(next(c.job for c in load_grid(grid)[1] if c.method == method))
     return [round(v * 1e3, 3) for v in calibrate.inputs_for(job.training, job.compression, job.workers)]
 
 
