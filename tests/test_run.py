@@ -219,11 +219,13 @@ def test_an_interrupted_run_on_the_simulated_clock_keeps_what_it_reached(tmp_pat
     with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"),
                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as run:
         wait_for_progress(run, tmp_path / "o" / "events.jsonl")
+        assert run.rank(1), "rank 1 is not running"
         run.proc.send_signal(sig)
         got, out, err = finish(run, 60)
         assert got == code, err
         assert "kept what it reached" in err and "cleaned up" in err
-        assert not run.with_env(RANK="1"), "a worker outlived the run"
+        assert not run.rank(1), "a worker outlived the run"
+        assert not run.leftovers(), "processes left behind (a worker, or the server it was forked from)"
     kept_what_it_reached(tmp_path / "o", out)
 
 

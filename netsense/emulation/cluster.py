@@ -41,6 +41,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from typing import IO, TextIO
@@ -54,6 +55,7 @@ PREFIX = "nsense-"
 SUBNET = "10.200.0"  # workers; /16, so the cross-traffic hosts (10.200.1.x) share the segment
 CROSS_SUBNET = "10.200.1"
 TOPOLOGIES = ("per-host", "shared")
+WORKER_ARGV = (sys.executable, "-m", "netsense", "worker")
 STATE_DIR = os.environ.get("NETSENSE_STATE_DIR", "/run/netsense")
 
 
@@ -242,6 +244,11 @@ class LocalCluster:
               stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:
         """Start a process in host i, in a process group of its own (so it can be killed whole)."""
         return self.spawn_in(self.host_ns(i), argv, env, stdout, stderr)
+
+    def spawn_worker(self, i: int, env: dict[str, str], stdout: int | IO | None = None,
+                     stderr: int | IO | None = None) -> subprocess.Popen:
+        """Start rank i's `netsense worker` in host i (a fresh interpreter inside the host's namespace)."""
+        return self.spawn(i, WORKER_ARGV, env, stdout, stderr)
 
     def spawn_in(self, ns: str, argv: Sequence[str], env: dict[str, str] | None = None,
                  stdout: int | IO | None = None, stderr: int | IO | None = None) -> subprocess.Popen:

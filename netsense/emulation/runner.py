@@ -127,8 +127,7 @@ def run_gang(cluster: LocalCluster | LoopbackHosts, job: Job, out_dir: str, prog
         err = open(os.path.join(logs, f"worker-{rank}.attempt{attempt}.log"), "w")
         stdout = subprocess.PIPE if rank == 0 else err
         env = local_worker_env(job, rank, cluster.address(0), out_dir, cluster.start_file, port)
-        procs.append(cluster.spawn(rank, [sys.executable, "-m", "netsense", "worker"], env=env,
-                                   stdout=stdout, stderr=err))
+        procs.append(cluster.spawn_worker(rank, env, stdout=stdout, stderr=err))
         err.close()
     events_path = os.path.join(out_dir, "events.jsonl")
 

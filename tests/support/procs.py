@@ -108,6 +108,12 @@ class Watched:
         """Its live processes whose environment has these variables (e.g. RANK="1")."""
         return [pid for pid in self.processes() if all(environ(pid).get(k) == v for k, v in want.items())]
 
+    def rank(self, rank: int) -> list[int]:
+        """Its live processes of worker ``rank``: spawned (RANK in their environment) or forked from the
+        simulated clock's server (named netsense-r<rank>: a fork keeps the server's environment block)."""
+        return [pid for pid in self.processes()
+                if environ(pid).get("RANK") == str(rank) or _comm(pid) == f"netsense-r{rank}"]
+
     def namespaces(self) -> list[str]:
         return namespaces_of(self.pid)
 
@@ -178,3 +184,11 @@ def leaked_namespaces(before: set[str], pid: int | None = None) -> set[str]:
         return set()
     time.sleep(1)
     return suspects()
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
