@@ -1,4 +1,4 @@
-"""A NetSenseJob grants nothing a training job does not need (README, Security).
+"""A NetSenseJob grants nothing a training job does not need (operator/SECURITY.md; the README's Security, in short).
 
 Hostile templates are refused by `netsense validate` (the spec's checks) and at admission by the CRD's CEL rules,
 each naming the field (and, where a user might try it, why); the operator's service account is fenced by a
