@@ -106,6 +106,21 @@ def test_summary_means_spreads_and_regret():
     assert by["c"]["tta_mean_s"] is None and by["c"]["reached"] == "1/2" and math.isinf(by["c"]["regret"])
 
 
+def test_a_scenario_may_split_one_global_batch_over_its_workers_and_nothing_else_of_the_task(tmp_path):
+    """Strong scaling (issue 65): each worker count with its share of one global batch; the seed stays each cell's."""
+    grid = json.loads(json.dumps(GRID))
+    grid["profiles"] = {f"p{p}": {"workers": p, "training": {"batchSize": 64 // p},
+                                  "network": {"profile": {"type": "static", "rate": "100Mbit"}}} for p in (2, 8)}
+    grid["seeds"] = [3]
+    _, cells, _ = load_grid(write(tmp_path, grid))
+    got = {(c.scenario, c.job["spec"]["workers"], c.job["spec"]["training"]["batchSize"],
+            c.job["spec"]["training"]["seed"], c.job["spec"]["training"]["hiddenSize"]) for c in cells}
+    assert got == {("p2", 2, 32, 3, 256), ("p8", 8, 8, 3, 256)}
+    grid["profiles"]["p2"]["training"]["lr"] = 0.1
+    with pytest.raises(SpecError, match=r"profiles\.p2\.training.*batchSize"):
+        load_grid(write(tmp_path, grid))
+
+
 def test_a_scenario_may_set_the_whole_network_and_rows_report_the_bottleneck(tmp_path):
     grid = json.loads(json.dumps(GRID))
     grid["profiles"]["cross"] = {"network": {"topology": "shared", "profile": {"type": "static", "rate": "50Mbit"},

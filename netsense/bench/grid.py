@@ -52,17 +52,23 @@ def _dns(text: str) -> str:
     return f"{name[:41].rstrip('-')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
-SCENARIO_KEYS = ("network", "workers")
+SCENARIO_KEYS = ("network", "workers", "training")
+SCENARIO_TRAINING = ("batchSize",)  # strong scaling: one global batch split over the scenario's workers
 
 
 def _scenario(name: str, setting) -> dict:
-    """A profile (a mapping with a type), or a scenario: a whole spec.network and/or another worker count."""
+    """A profile (a mapping with a type), or a scenario: a whole spec.network, another worker count and/or another
+    batch a worker (the task is otherwise the grid's)."""
     if not isinstance(setting, dict) or "type" in setting:
         return {"network": {"profile": setting}}
     unknown = sorted(set(setting) - set(SCENARIO_KEYS))
     if unknown or not setting:
         raise SpecError([Issue(f"profiles.{name}", f"a scenario sets {' and/or '.join(SCENARIO_KEYS)}, "
                                                    f"or is a profile with a type (got {unknown or 'nothing'})")])
+    training = setting.get("training", {})
+    if not isinstance(training, dict) or set(training) - set(SCENARIO_TRAINING):
+        raise SpecError([Issue(f"profiles.{name}.training", f"a scenario may set only {', '.join(SCENARIO_TRAINING)} "
+                                                            "(anything else makes it another task: a grid of its own)")])
     return dict(setting)
 
 
@@ -243,7 +249,7 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         for scenario, setting in grid["profiles"].items():
             over = _scenario(scenario, setting)
             for seed in seeds:
-                spec = merge(base, {**over, "training": {"seed": seed}})
+                spec = merge(merge(base, over), {"training": {"seed": seed}})
                 spec["compression"] = copy.deepcopy(compression)  # a method's settings are its own: never merged
                 doc = {"apiVersion": API_VERSION, "kind": KIND,
                        "metadata": {"name": _dns(f"{method}-{scenario}-s{seed}")}, "spec": spec}
