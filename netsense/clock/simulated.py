@@ -22,7 +22,9 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
 - overlap as DDP's buckets allow: the forward pass is ``FORWARD_SHARE`` of ``C``; bucket ``i`` of ``n`` is
   ready at ``C x (FORWARD_SHARE + (1 - FORWARD_SHARE) x (i+1)/n)`` plus its share of ``S``; the link serves the
   collectives one at a time in launch order; a collective the hook waits for (PowerSGD's first all_reduce)
-  stalls the host until it completes. The step ends when both the host (``C + S`` + its stalls) and the link
+  stalls the host until it completes. A controller that reads each step (tta, the paper's, dc2) has the ranks
+  agree on the step's measurement with a small all_reduce launched when the step ends: it holds the link from
+  the next step's start, and that step's first bucket waits for it (fixed methods send none). The step ends when both the host (``C + S`` + its stalls) and the link
   are done.
 
 Not modeled: the shared topology and cross traffic (refused by validation), TCP's own dynamics (slow start
@@ -77,6 +79,7 @@ class Collective:
     kind: str
     wire_bytes: float
     blocking: bool
+    carried: bool = False  # launched when the last step ended (the measurement's agreement): on the link first
 
 
 @dataclass
@@ -97,6 +100,9 @@ class ModeledTimer:
         run()
         self.collectives.append(Collective(kind, wire_bytes, blocking=True))
 
+    def carried(self, kind: str, wire_bytes: float) -> None:
+        self.collectives.append(Collective(kind, wire_bytes, blocking=False, carried=True))
+
     def busy(self) -> float:
         return 0.0  # the selection timer's: the clock prices the compressor's work itself
 
@@ -115,12 +121,23 @@ class Schedule:
 
 
 def schedule(collectives: list[Collective], compute_s: float, selection_s: float, durations: list[float]) -> Schedule:
-    """Lay one step's collectives out on the link as DDP's buckets allow (module docstring)."""
-    n = len(collectives)
-    link_free, stalled, busy = 0.0, 0.0, 0.0
-    for i, (c, seconds) in enumerate(zip(collectives, durations, strict=True)):
-        share = (i + 1) / n
+    """Lay one step's collectives out on the link as DDP's buckets allow (module docstring). A carried collective
+    (launched when the last step ended) holds the link from the step's start, beside the forward pass, and the
+    first bucket's hook waits for it (the policy reads it there); its time is not the step's own ``busy``, as the
+    real clock does not time it either."""
+    n = sum(1 for c in collectives if not c.carried)
+    link_free, stalled, busy, carried_end, i = 0.0, 0.0, 0.0, 0.0, 0
+    for c, seconds in zip(collectives, durations, strict=True):
+        if c.carried:
+            link_free += seconds
+            carried_end = link_free
+            continue
+        i += 1
+        share = i / n
         ready = compute_s * (FORWARD_SHARE + (1 - FORWARD_SHARE) * share) + selection_s * share + stalled
+        if i == 1 and carried_end > ready:
+            stalled += carried_end - ready
+            ready = carried_end
         start = max(ready, link_free)
         end = start + seconds
         busy += seconds  # one at a time on the link: the union is the sum

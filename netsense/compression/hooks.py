@@ -151,9 +151,10 @@ class CompressionState(MeasuredState):
                 **(self.policy.estimates() if self.policy else {})}
 
     def _ended(self, record: dict) -> None:
-        if self.policy is not None:  # agree on this step's numbers while the next forward runs
+        if self.policy is not None and self.policy.measures:  # agree on this step's numbers while the next forward runs
             mine = torch.tensor([record[f] for f in MEASURED], dtype=torch.float64, device=self.device)
             self._agreement = dist.all_reduce(mine, group=self.group, async_op=True).get_future()
+            self.carry("all_reduce", 2 * (self.world - 1) / self.world * mine.numel() * mine.element_size())
 
     def _agreed(self) -> StepMeasurement | None:
         if self._agreement is None:

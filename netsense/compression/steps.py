@@ -56,6 +56,12 @@ class MeasuredState:
         self._step_start = 0.0
         self._forward_start: float | None = None
         self._finished = True
+        self._carried: list[tuple[str, float]] = []  # collectives launched between steps: the next one pays them
+
+    def carry(self, kind: str, wire_bytes: float) -> None:
+        """A collective launched after the step ended (the measurement's agreement), which runs beside the next
+        step's forward pass and which its first bucket waits for: the modeled clock prices it in that step."""
+        self._carried.append((kind, wire_bytes))
 
     def optimizer_terms(self, momentum: float, weight_decay: float) -> tuple[float, float]:
         """The (momentum, weight decay) the SGD optimizer should apply (a hook that applies them says none)."""
@@ -111,6 +117,9 @@ class MeasuredState:
         self.device = device
         self.counts = StepCounts()
         self.timer = self.clock.timer(device)
+        for kind, wire_bytes in self._carried:
+            self.timer.carried(kind, wire_bytes)
+        self._carried = []
         self.selection_timer = self.clock.timer(device)
         self._step_start = self._forward_start if self._forward_start is not None else self.clock.now()
         self._forward_start = None

@@ -42,6 +42,10 @@ class IntervalTimer:
         self.last_launch = time.perf_counter()
         return self._now()
 
+    def carried(self, kind: str, wire_bytes: float) -> None:
+        """A collective launched before this step began (MeasuredState.carry): its real time shows in the step's
+        wait where it delays the step, and is not a collective of the step's own (not timed here)."""
+
     def stop(self, token) -> None:
         self.last_done = time.perf_counter()
         self._open.append((token, self._now()))

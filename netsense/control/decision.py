@@ -46,6 +46,8 @@ def smoothed(average: float, sample: float, weight: float = 0.3) -> float:
 
 
 class Policy:
+    measures = True  # reads each step's agreed measurement (False: the ranks need not agree on one each step)
+
     def update(self, m: StepMeasurement) -> None:  # pragma: no cover - interface
         """A step this policy decided has been measured."""
         raise NotImplementedError

@@ -11,6 +11,7 @@ class Fixed(Policy):
     """``decision`` every step; nothing measured changes it."""
 
     decision: Decision
+    measures = False  # so the ranks skip the step's agreement all_reduce: nothing would read it
 
     def update(self, m: StepMeasurement) -> None:
         pass
