@@ -137,19 +137,22 @@ def plot(kind: str, path: str) -> None:
             for m in PAPER_METHODS:
                 pts = [(r["mbit"], r["samples_per_s"][m]) for r in rows if r["samples_per_s"].get(m)]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=m)
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=m, color=f"C{PAPER_METHODS.index(m)}")
             ax.set(xscale="log", yscale="log", xlabel="per-host link (Mbit/s)", ylabel="samples/s (8 workers)",
                    title=f"{model}, H200 compute, simulated clock")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
+        axes[1].legend(fontsize=8)
     else:
-        fig, axes = plt.subplots(1, len(GROWTH), figsize=(11, 4))
-        for ax, (link, name) in zip(axes, GROWTH.items(), strict=True):
+        links = [(link, name) for link, name in GROWTH.items() if growth_rows(name)]  # the ones run so far
+        fig, axes = plt.subplots(1, len(links), figsize=(5.5 * len(links), 4), squeeze=False)
+        axes = axes[0]
+        for ax, (link, name) in zip(axes, links, strict=True):
             rows = growth_rows(name)
             for m in GROWTH_METHODS:
                 pts = [(r["workers"], r["tta"][m]) for r in rows if math.isfinite(r["tta"].get(m, math.inf))]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=m)
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=m, color=f"C{GROWTH_METHODS.index(m)}")
             ax.set(xscale="log", yscale="log", xlabel="workers (one global batch of 256)",
                    ylabel="seconds to 93% (simulated)", title=f"digits MLP, {link}")
             ax.set_xticks([2, 4, 8, 16, 32, 64], labels=["2", "4", "8", "16", "32", "64"])
