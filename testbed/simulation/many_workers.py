@@ -11,7 +11,7 @@ each, so the sum is what the run really holds) and the machine's MemAvailable. I
     .venv/bin/python testbed/simulation/many_workers.py [--workers 2 8 16 32 64] \
         [--out testbed/results/sim-many-workers]
 
-Writes <out>.jsonl (the results store) and <out>.md (the table), and rewrites the store's index.
+Writes <out>.jsonl (the results store), rewrites the store's index and prints the table (testbed/EVALUATION.md quotes it).
 """
 
 from __future__ import annotations

@@ -156,6 +156,7 @@ def plot(kind: str, path: str) -> None:
             ax.set(xscale="log", yscale="log", xlabel="workers (one global batch of 256)",
                    ylabel="seconds to 93% (simulated)", title=f"digits MLP, {link}")
             ax.set_xticks([2, 4, 8, 16, 32, 64], labels=["2", "4", "8", "16", "32", "64"])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
     fig.tight_layout()
