@@ -17,13 +17,16 @@ from netsense.clock.devices import INPUTS
 from netsense.clock.simulated import (
     FORWARD_SHARE,
     FRAMING,
+    UNSHAPED_BPS,
     Collective,
     ModeledTimer,
     SimulatedClock,
     collective_seconds,
+    ring_crossings,
     schedule,
 )
 from netsense.compression.steps import StepCounts
+from netsense.emulation.cross import flows_from_spec
 from netsense.shaping.profiles import build_profile
 from netsense.spec import SpecError, parse_spec
 from netsense.spec.job import check_cluster
@@ -178,6 +181,82 @@ def test_jitter_is_the_same_on_every_rank_and_every_rerun_and_differs_between_co
     assert all(d >= 0 for d in durations(3))
 
 
+# ---- the shared topology -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("world", "procs", "crossings"), [(2, 1, 1), (3, 1, 1), (4, 1, 2), (5, 1, 2), (8, 1, 4),
+                                                           (64, 1, 32), (4, 2, 1), (8, 2, 2), (2, 2, 0)])
+def test_a_ring_crosses_the_shared_link_once_each_way_per_pair_of_racks_it_alternates(world, procs, crossings):
+    """Hops r -> r+1 from rack A (even workers) to rack B; 3 ranks: 0->1 crosses, 1->2 crosses back, 2->0 joins
+    two even ranks. Two processes a worker (4 ranks): 1->2 and 3->0 cross, 0->1 and 2->3 stay in a worker."""
+    assert ring_crossings(world, procs) == crossings
+
+
+def _shared(world: int, cross: list[dict] | None = None, rate: str = "10Mbit", procs: int = 1) -> SimulatedClock:
+    profile = build_profile({"type": "static", "rate": rate})
+    return SimulatedClock(profile, world=world, compute_s=0.0, compression_s_per_melement=0.0, latency_s=0.001,
+                          topology="shared", cross=flows_from_spec([{"flows": 1, **c} for c in cross or []]),
+                          procs_per_worker=procs)
+
+
+# (world, cross flows active, flows in the A -> B direction): wire 1 MB (after framing) = 0.8 s alone at 10 Mbit
+@pytest.mark.parametrize(("world", "cross", "flows"), [(2, 0, 1), (4, 0, 2), (8, 0, 4), (3, 0, 1), (5, 0, 2),
+                                                       (2, 2, 3), (4, 1, 3), (8, 3, 7), (3, 1, 2)])
+def test_a_collective_on_the_shared_link_runs_at_its_fair_share_of_the_busiest_direction(world, cross, flows):
+    """By hand: all_reduce, 2(p-1) hops of 1 ms, plus 1 MB at 10 Mbit / flows (p/2 ring flows a direction, (p-1)/2
+    for odd p, and the bulk cross flows, all A -> B)."""
+    clock = _shared(world, [{"type": "bulk", "flows": cross}] if cross else None)
+    wire = 1_000_000 / FRAMING
+    [seconds] = clock.durations([Collective("all_reduce", wire, False)], clock.bps_at(0), clock.flows_at(0))
+    by_hand = {(2, 0): 0.002 + 0.8, (4, 0): 0.006 + 1.6, (8, 0): 0.014 + 3.2, (3, 0): 0.004 + 0.8,
+               (5, 0): 0.008 + 1.6, (2, 2): 0.002 + 2.4, (4, 1): 0.006 + 2.4, (8, 3): 0.014 + 5.6,
+               (3, 1): 0.004 + 1.6}[(world, cross)]
+    assert clock.flows_at(0) == flows
+    assert seconds == pytest.approx(by_hand)
+    assert _settle(clock, wire) == pytest.approx(by_hand)  # the step: compute 0, its one collective
+
+
+def test_two_workers_on_the_shared_link_cost_what_a_per_host_link_costs():
+    """One ring flow each way: the per-host formula, to the bit."""
+    per_host = SimulatedClock(build_profile({"type": "static", "rate": "10Mbit"}), 2, 0.0, 0.0, 0.001)
+    assert per_host.flows_at(0) == 1
+    shared = _shared(2)
+    collectives = [Collective("all_reduce", 1e6, False), Collective("all_gather", 3e5, False)]
+    assert shared.durations(collectives, 1e7, shared.flows_at(0)) == per_host.durations(collectives, 1e7)
+    # more workers on a per-host link: still one flow a link (the formula of today)
+    assert SimulatedClock(None, 8, 0.0, 0.0, 0.0).flows_at(5.0) == 1
+
+
+def test_cross_traffic_counts_while_it_runs_on_the_training_clock():
+    """A bulk flow from 2 s to 4 s and an onoff flow (on 1 s, off 2 s from 0.5 s): each counted at the step's start
+    only while on; 4 workers add 2 ring flows A -> B."""
+    clock = _shared(4, [{"type": "bulk", "start": "2s", "stop": "4s"},
+                        {"type": "onoff", "start": "0.5s", "onFor": "1s", "offFor": "2s", "flows": 2}])
+    expected = {0.0: 2, 0.5: 4, 1.4: 4, 1.5: 2, 2.0: 3, 3.4: 3, 3.5: 5, 4.0: 4, 4.5: 2, 6.5: 4}
+    assert {t: clock.flows_at(t) for t in expected} == expected
+    # the step starting in the on-period pays for it; one starting in the off-period does not
+    wire = 1_000_000 / FRAMING  # 0.8 s alone at 10 Mbit
+    clock.t = 0.5
+    assert _settle(clock, wire) == pytest.approx(0.006 + 0.8 * 4)
+    clock.t = 1.5
+    assert _settle(clock, wire) == pytest.approx(0.006 + 0.8 * 2)
+
+
+def test_a_ring_that_never_crosses_the_shared_link_is_not_priced_on_it():
+    """One worker of two processes: its collectives stay inside the worker, whatever crosses the link."""
+    clock = _shared(2, [{"type": "bulk"}], procs=2)
+    assert clock.flows_at(0) == 0
+    [seconds] = clock.durations([Collective("all_reduce", 1e6, False)], clock.bps_at(0), clock.flows_at(0))
+    assert seconds == pytest.approx(0.002 + 1e6 * FRAMING * 8 / UNSHAPED_BPS)
+
+
+def test_the_clock_refuses_what_it_cannot_model():
+    with pytest.raises(ValueError, match="no model for topology 'star'"):
+        SimulatedClock(None, 2, 0.0, 0.0, 0.0, topology="star")
+    with pytest.raises(ValueError, match="cross traffic needs the shared topology"):
+        SimulatedClock(None, 2, 0.0, 0.0, 0.0, cross=flows_from_spec([{"type": "bulk", "flows": 1}]))
+
+
 # ---- the spec ---------------------------------------------------------------------------------------------------
 
 BASE = {"workers": 2, "training": {"model": "mlp", "dataset": "synthetic", "maxSteps": 5}}
@@ -191,14 +270,27 @@ BASE = {"workers": 2, "training": {"model": "mlp", "dataset": "synthetic", "maxS
     ({"clock": "simulated", "simulation": {"device": "h100"}}, "spec.network.simulation.device", "unknown"),
     ({"simulation": {"computeSeconds": 0.1}}, "spec.network.simulation", "needs clock: simulated"),
     ({"clock": "sim"}, "spec.network.clock", "real"),
-    ({"clock": "simulated", "topology": "shared"}, "spec.network.topology", "per-host links only"),
     ({"clock": "simulated", "profile": {"type": "static", "rate": "1Gbit", "loss": "1%"}}, "spec.network.profile",
      "no loss"),
+    ({"clock": "simulated", "topology": "shared", "profile": {"type": "static", "rate": "1Gbit", "jitter": "1ms"}},
+     "spec.network.profile", "no loss or netem jitter"),
+    ({"clock": "simulated", "topology": "shared",
+      "crossTraffic": [{"type": "bulk"}, {"type": "onoff", "onFor": "1s", "offFor": "1s", "congestionControl": "bbr"}]},
+     "spec.network.crossTraffic[1].congestionControl", "an equal share"),
+    ({"clock": "simulated", "crossTraffic": [{"type": "bulk"}]}, "spec.network.crossTraffic", "needs topology: shared"),
 ])
 def test_bad_simulation_settings_are_refused_naming_the_field(network, field, why):
     with pytest.raises(SpecError) as e:
         parse_spec({**BASE, "network": network}, "j")
     assert field in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_the_shared_topology_and_its_cross_traffic_run_on_the_simulated_clock():
+    network = {"clock": "simulated", "topology": "shared", "profile": {"type": "static", "rate": "100Mbit"},
+               "crossTraffic": [{"type": "bulk", "flows": 2, "start": "5s"},
+                                {"type": "onoff", "onFor": "1s", "offFor": "2s"}]}
+    job = parse_spec({**BASE, "workers": 64, "network": network}, "j")
+    assert job.network["topology"] == "shared" and len(job.network["crossTraffic"]) == 2
 
 
 def test_more_than_one_thread_is_refused_on_the_simulated_clock():

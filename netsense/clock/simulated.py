@@ -19,6 +19,15 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
   hops, an all_gather (p-1) chunks in p-1 hops) and ``hop_latency`` the ``latency`` setting plus the
   profile's one-way ``delay``. Every rank sends and receives at the rate at once (a ring), which is what a
   per-host link of that rate carries both ways;
+- on the shared topology (netsense.emulation.cluster: worker ``w`` on rack A when even, B when odd; a rank on
+  its worker), the ring's steps run on every hop at once and each direction of the one shaped link carries the
+  hops of that direction that cross racks (a ring crosses back as often as it crosses; one process a worker:
+  p/2 each way for even p, (p-1)/2 for odd p, whose hop (p-1) -> 0 joins two even ranks), plus, A -> B, the
+  cross-traffic flows active at the step's start (``spec.network.crossTraffic`` on the training clock: bulk
+  from start to stop, onoff in its on-periods). TCP's fair share gives each flow ``rate / flows`` of its
+  direction, and the collective runs at its slowest hop: ``rate`` above becomes ``rate / max(flows per
+  direction)`` = ``rate / (crossing hops + active cross flows)``; the hop latency is unchanged. A per-host
+  link is one flow (the formula above, exactly); a ring that never crosses (one worker) leaves the link alone;
 - overlap as DDP's buckets allow: the forward pass is ``FORWARD_SHARE`` of ``C``; bucket ``i`` of ``n`` is
   ready at ``C x (FORWARD_SHARE + (1 - FORWARD_SHARE) x (i+1)/n)`` plus its share of ``S``; the link serves the
   collectives one at a time in launch order; a collective the hook waits for (PowerSGD's first all_reduce)
@@ -27,12 +36,13 @@ The model of one step (every input is the same on every rank, so the ranks' cloc
   the next step's start, and that step's first bucket waits for it (fixed methods send none). The step ends when both the host (``C + S`` + its stalls) and the link
   are done.
 
-Not modeled: the shared topology and cross traffic (refused by validation), TCP's own dynamics (slow start
-after an idle gap, loss recovery: the emulator has them), contention between a rank's collectives and its
-compute for the CPU, stragglers (every rank's step costs the same), a controller's own per-step work (tta's
-gradient statistics and decisions), and the pilot's forks (refused). ``jitter`` scales each collective's time by
-``1 + jitter x N(0, 1)`` (clipped at 0), from a generator seeded by the job's seed, the step and the
-collective, so every rank draws the same noise.
+Not modeled: TCP's own dynamics (slow start after an idle gap, loss recovery, how a flow that starts shares
+with flows already running, unfair congestion controls: the emulator has them; a cross flow's own
+congestionControl is refused by validation), a rate change or a cross flow's start within a step, contention
+between a rank's collectives and its compute for the CPU, stragglers (every rank's step costs the same), a
+controller's own per-step work (tta's gradient statistics and decisions), and the pilot's forks (refused).
+``jitter`` scales each collective's time by ``1 + jitter x N(0, 1)`` (clipped at 0), from a generator seeded by
+the job's seed, the step and the collective, so every rank draws the same noise.
 """
 
 from __future__ import annotations
@@ -47,7 +57,10 @@ from netsense.clock import StepCost
 from netsense.shaping.profiles import Profile
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from netsense.compression.steps import StepCounts
+    from netsense.emulation.cross import Flow
 
 FORWARD_SHARE = 1 / 3  # the forward pass's share of a step's compute (backward ~2x forward)
 # A 1500-byte MTU's TCP segment carries 1448 bytes (20 IP + 32 TCP with timestamps); its frame is 1514 bytes as
@@ -67,11 +80,27 @@ def hops(kind: str, world: int) -> int:
     raise ValueError(f"no model for collective {kind!r}")
 
 
-def collective_seconds(kind: str, wire_bytes: float, world: int, bps: float, hop_latency_s: float) -> float:
-    """One collective's time on a link of ``bps``: its hops' latency and this rank's wire bytes at the rate."""
+def collective_seconds(kind: str, wire_bytes: float, world: int, bps: float, hop_latency_s: float,
+                       flows: int = 1) -> float:
+    """One collective's time on a link of ``bps``: its hops' latency and this rank's wire bytes at the rate, or at
+    its fair share ``bps / flows`` where ``flows`` TCP flows share the busiest direction of the link."""
     if world <= 1:
         return 0.0
-    return hops(kind, world) * hop_latency_s + wire_bytes * FRAMING * 8 / bps
+    return hops(kind, world) * hop_latency_s + wire_bytes * FRAMING * 8 * flows / bps
+
+
+def ring_crossings(world: int, procs_per_worker: int = 1) -> int:
+    """The ring's hops r -> r+1 (mod p) from rack A to rack B on the shared topology, rank r on worker
+    r // procs_per_worker and worker w on rack A when even: as many as cross back from B to A."""
+    rack = [(r // procs_per_worker) % 2 for r in range(world)]
+    return sum(1 for r in range(world) if rack[r] == 0 and rack[(r + 1) % world] == 1)
+
+
+def shared_flows(world: int, procs_per_worker: int, cross_active: int) -> int:
+    """The flows in the busier direction of the shared link (A -> B: the ring's crossing hops and the active
+    cross flows), or 0 where the ring never crosses (one worker: its collectives stay off the link)."""
+    ring = ring_crossings(world, procs_per_worker)
+    return ring + cross_active if ring else 0
 
 
 @dataclass
@@ -155,8 +184,16 @@ class SimulatedClock:
     simulated = True
 
     def __init__(self, profile: Profile | None, world: int, compute_s: float, compression_s_per_melement: float,
-                 latency_s: float, jitter: float = 0.0, seed: int = 0, lowrank_s_per_melement: float | None = None):
+                 latency_s: float, jitter: float = 0.0, seed: int = 0, lowrank_s_per_melement: float | None = None,
+                 topology: str = "per-host", cross: Sequence[Flow] = (), procs_per_worker: int = 1):
+        """``topology``: per-host or shared; ``cross``: the shared link's cross-traffic flows, one a connection
+        (netsense.emulation.cross.flows_from_spec); ``procs_per_worker``: ranks a worker (which rack a rank is on)."""
+        if topology not in ("per-host", "shared"):
+            raise ValueError(f"no model for topology {topology!r}")
+        if cross and topology != "shared":
+            raise ValueError("cross traffic needs the shared topology")
         self.profile, self.world = profile, world
+        self.topology, self.cross, self.procs_per_worker = topology, tuple(cross), procs_per_worker
         self.compute_s, self.compression_s_per_element = compute_s, compression_s_per_melement / 1e6
         # a figure for TopK's path alone (a device profile's) prices PowerSGD's at the same rate
         lowrank = compression_s_per_melement if lowrank_s_per_melement is None else lowrank_s_per_melement
@@ -175,13 +212,22 @@ class SimulatedClock:
     def bps_at(self, t: float) -> float:
         return self.profile.rate_at(t) if self.profile is not None else UNSHAPED_BPS
 
+    def flows_at(self, t: float) -> int:
+        """The flows sharing the busiest direction of a collective's link at ``t``: 1 on a per-host link; on the
+        shared one the ring's crossing hops and the cross flows active then (0: the ring stays off the link)."""
+        if self.topology == "per-host":
+            return 1
+        return shared_flows(self.world, self.procs_per_worker, sum(1 for f in self.cross if f.active(t)))
+
     def timer(self, device: torch.device) -> ModeledTimer:
         return ModeledTimer()
 
-    def durations(self, collectives: list[Collective], bps: float) -> list[float]:
+    def durations(self, collectives: list[Collective], bps: float, flows: int = 1) -> list[float]:
+        if flows == 0:  # the ring never crosses the shared link
+            bps, flows = UNSHAPED_BPS, 1
         out = []
         for i, c in enumerate(collectives):
-            seconds = collective_seconds(c.kind, c.wire_bytes, self.world, bps, self.hop_latency_s)
+            seconds = collective_seconds(c.kind, c.wire_bytes, self.world, bps, self.hop_latency_s, flows)
             if self.jitter:
                 noise = random.Random(hash((self.seed, self.steps, i))).gauss(0.0, 1.0)
                 seconds *= max(0.0, 1 + self.jitter * noise)
@@ -193,7 +239,7 @@ class SimulatedClock:
         selection = (self.compression_s_per_element * counts.sparse_elements
                      + self.lowrank_s_per_element * counts.lowrank_elements)
         step = schedule(timer.collectives, self.compute_s, selection,
-                        self.durations(timer.collectives, self.bps_at(self.t)))
+                        self.durations(timer.collectives, self.bps_at(self.t), self.flows_at(self.t)))
         self.t += step.seconds
         self.steps += 1
         return StepCost(step.busy, self.compute_s, selection)

@@ -438,8 +438,9 @@ CROSS_TRAFFIC = Union("type", {
     "bulk": _cross_flow(),
     "onoff": _cross_flow(onFor=F(Unit("duration", doc="time sending per cycle"), required=True),
                          offFor=F(Unit("duration", doc="time idle per cycle"), required=True)),
-}, doc="background TCP flows from rack A to rack B of the shared topology (emulated cluster), competing "
-       "with the training traffic at the shared link: bulk (always on) or onoff (on/off cycles)",
+}, doc="background TCP flows from rack A to rack B of the shared topology, competing with the training traffic "
+       "at the shared link (on the simulated clock: an equal share each): bulk (always on) or onoff (on/off "
+       "cycles)",
    what="cross-traffic flow")
 
 
@@ -449,9 +450,11 @@ def _check_network(n: dict, path: str, errors: Errors) -> None:
     if n.get("simulation") and n["clock"] != "simulated":
         errors.add(_join(path, "simulation"), "sets the simulated clock's model: needs clock: simulated")
     if n["clock"] == "simulated":
-        if n["topology"] != "per-host":
-            errors.add(_join(path, "topology"), "the simulated clock models per-host links only (the shared "
-                                                "link and its cross traffic run on the emulator: clock: real)")
+        for i, entry in enumerate(n.get("crossTraffic") or []):
+            if entry.get("congestionControl"):
+                errors.add(_join(path, f"crossTraffic[{i}].congestionControl"),
+                           "the simulated clock gives every flow at the shared link an equal share, whatever its "
+                           "congestion control: leave it unset, or use clock: real")
         profile = n.get("profile") or {}
         if profile.get("loss") or profile.get("jitter"):
             errors.add(_join(path, "profile"), "the simulated clock models no loss or netem jitter (its own "
@@ -486,9 +489,9 @@ SIMULATION = Obj({
 NETWORK = Obj({
     "profile": F(PROFILE),
     "topology": F(Str(enum=("per-host", "shared"),
-                      doc="per-host: the profile shapes each worker's own link; shared (emulated cluster): "
-                          "workers on two racks joined by one link that the profile shapes, which every "
-                          "ring hop crosses"), default="per-host"),
+                      doc="per-host: the profile shapes each worker's own link; shared (emulated cluster, or "
+                          "the simulated clock's model of it): workers on two racks joined by one link that the "
+                          "profile shapes, which every ring hop crosses"), default="per-host"),
     "crossTraffic": F(ListOf(CROSS_TRAFFIC, max_items=16, doc="background flows at the shared link (topology: "
                                                              "shared)")),
     "direction": F(Str(enum=("egress", "both"), doc="per-host: shape each host's uplink, or both ways"),

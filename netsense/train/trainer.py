@@ -44,6 +44,7 @@ from netsense.clock import REAL, RealClock, devices
 from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
 from netsense.control import pilot
+from netsense.emulation.cross import flows_from_spec
 from netsense.errors import Terminated
 from netsense.shaping.profiles import build_profile, unseen_changes, unseen_message
 from netsense.shaping.queue import read_summary
@@ -226,8 +227,11 @@ class Trainer:
         self.simulation = {**dict(zip(devices.INPUTS, (compute, per_melement, lowrank), strict=True)),
                            "device": sim.get("device"), "latency": latency, "jitter": sim.get("jitter", 0.0),
                            "measured": [k for k, v in zip(devices.INPUTS, given, strict=True) if v is None]}
+        net = self.job.network
         return SimulatedClock(self.profile, self.world, compute, per_melement, units.parse_duration(latency),
-                              sim.get("jitter", 0.0), self.t["seed"], lowrank_s_per_melement=lowrank)
+                              sim.get("jitter", 0.0), self.t["seed"], lowrank_s_per_melement=lowrank,
+                              topology=net["topology"], cross=flows_from_spec(net.get("crossTraffic") or []),
+                              procs_per_worker=self.job.procs_per_worker)
 
     # -- stopping ----------------------------------------------------------------------
     def _max_steps(self) -> int:
