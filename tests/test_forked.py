@@ -49,7 +49,7 @@ def test_a_forked_worker_is_a_session_of_its_own_and_is_stopped_whole(tmp_path):
 @pytest.mark.gloo
 def test_a_simulated_runs_workers_are_forked_and_share_torchs_memory(tmp_path):
     """Each rank's private memory is what it allocated, not its own copy of torch's relocated libraries (~310 MiB
-    a spawned worker on this machine, ~135 forked: testbed/results/sim-many-workers.md)."""
+    a spawned worker on this machine, ~135 forked: testbed/EVALUATION.md, "At scale")."""
     import yaml
 
     doc = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "forked"},

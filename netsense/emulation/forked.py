@@ -3,7 +3,7 @@ the memory and start-up.
 
 A worker started as ``python -m netsense worker`` imports torch itself, and torch's libraries (the CUDA build's
 included) are relocated into each process's private memory: measured on this machine, ~310 MiB private a worker
-for a 0.27M-parameter MLP (testbed/results/sim-many-workers.md), so 64 workers would need ~23 GiB of the 24,
+for a 0.27M-parameter MLP (testbed/EVALUATION.md, "At scale"), so 64 workers would need ~23 GiB of the 24,
 and each spends ~2 s of a core importing. Forked from one process that imported the trainer (Python's
 multiprocessing forkserver, with the trainer preloaded), every worker shares those pages copy-on-write and
 starts in milliseconds. ``ps`` names it ``netsense-r<RANK>`` (its command line is the server's). Each worker is still its own process, in a session of its own (killed whole by its

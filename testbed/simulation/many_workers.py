@@ -29,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from netsense.bench import store  # noqa: E402
+from netsense.bench.provenance import provenance  # noqa: E402
 
 JOB = """apiVersion: netsense.dev/v1alpha1
 kind: NetSenseJob
@@ -116,11 +117,7 @@ def measure(n: int, steps: int, workdir: str, launcher: str) -> dict:
             "simulated_s": result["train_seconds"], "peak_pss_mib": round(peak["pss"] / 1024),
             "pss_mib_per_worker": round(peak["pss"] / 1024 / n), "peak_processes": peak["procs"],
             "available_drop_mib": round((available_before - peak["available_min"]) / 1024),
-            "machine_mib": round(_kib("/proc/meminfo", "MemTotal") / 1024), "commit": _commit()}
-
-
-def _commit() -> str:
-    return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+            "machine_mib": round(_kib("/proc/meminfo", "MemTotal") / 1024), **provenance(__file__)}
 
 
 def table(records: list[dict]) -> str:
