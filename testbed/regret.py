@@ -79,11 +79,12 @@ def choosable(config: dict) -> Callable[[tuple[str, float]], bool]:
 
 
 def steps_factor(ctl: TimeToAccuracyController, opt: tuple[str, float], topk_scale: float) -> float:
+    """An option's steps over the dense steps by ours's law, TopK's scaled as the run set it (a family pilot's
+    reading in the committed records of the runs that had one: tta's familyPilot, since removed)."""
     kind, x = opt
     if kind == "powersgd":
         return ctl.lowrank_steps_factor(int(x))
-    ctl.topk_scale = topk_scale
-    return ctl.steps_factor(x)
+    return topk_scale * ctl.steps_factor(x)
 
 
 class Fixed(NamedTuple):

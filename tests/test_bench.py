@@ -38,15 +38,41 @@ def write(tmp_path, grid) -> str:
     return str(p)
 
 
+def _packaged_at() -> dict[str, set[str]]:
+    """Each committed grid (repo-relative) -> the commits its results were packaged at (testbed/results/INDEX.jsonl)."""
+    out: dict[str, set[str]] = {}
+    with open(os.path.join(REPO, "testbed", "results", "INDEX.jsonl")) as fh:
+        for entry in map(json.loads, fh):
+            if entry.get("kind") == "results" and entry.get("grid"):
+                out.setdefault(entry["grid"], set()).update(entry["commit"])
+    return out
+
+
 def test_shipped_grids_load():
     """Every committed grid, each at one wire format or saying mixedEncodings (those registered before one wire
-    format, issue 62, pin the fp32 they ran with)."""
+    format, issue 62, pin the fp32 they ran with). A grid that ran with tta settings since removed (issue 62,
+    item 4) says ranAt: the commit its committed results were packaged at (the grid's own commit where it has
+    none); its cells' jobs, less those settings, still validate, and each of its cells names them."""
     paths = sorted(glob.glob(os.path.join(REPO, "testbed", "grids", "*.yaml"))
                    + glob.glob(os.path.join(REPO, "testbed", "grids", "dev", "*.yaml")))
     assert len(paths) > 50
+    packaged = _packaged_at()
+    ran_at = 0
     for path in paths:
-        _, cells, _ = load_grid(path)
+        _, cells, grid = load_grid(path)
         assert cells and len({c.job["metadata"]["name"] for c in cells}) == len(cells), path
+        if grid.get("ranAt"):
+            ran_at += 1
+            grid_file = os.path.relpath(path, REPO)
+            assert grid["ranAt"] in packaged.get(grid_file, {grid["ranAt"]}), path
+            assert packaged.get(grid_file, {grid["ranAt"]}) == {grid["ranAt"]}, path
+            tta = {c.method: c for c in cells if c.removed}
+            assert tta, path
+            for method, cell in tta.items():
+                named = grid["methods"].get(method) or {}
+                assert set(cell.removed) <= set(named), (path, method)
+                assert not set(cell.removed) & set(cell.job["spec"]["compression"]), (path, method)
+    assert ran_at >= 50  # familyPilot's grids (and one each of learnKnee and convTopkPrior without it)
     _, cells, _ = load_grid(os.path.join(REPO, "testbed", "grids", "ci.yaml"))
     assert len(cells) == 7 * 6 * 6  # methods x profiles x seeds
     assert len({c.job["metadata"]["name"] for c in cells}) == len(cells)
@@ -743,3 +769,31 @@ def test_ctrl_c_in_a_cluster_campaign_deletes_every_running_cells_job_and_starts
     with pytest.raises(KeyboardInterrupt):
         run_bench(write(tmp_path, grid), str(tmp_path / "out"), cluster=True, parallel=2)
     assert len(jobs) == 2 and set(jobs.values()) == {"deleted"}, jobs
+
+
+def test_a_grid_with_settings_since_removed_says_where_it_ran_and_bench_refuses_to_run_it(tmp_path):
+    """familyPilot (issue 62, item 4): a grid naming it is refused by name unless it says ranAt; with ranAt its
+    cells load (names and settings for the readers of its committed records) and netsense bench refuses to run
+    it, naming the field, its methods and the commit to check out. ranAt on a grid with nothing removed is an
+    error (it would stop the grid from running for no reason)."""
+    commit = "a503be5910d4c0a71fd909f0d561394a4ce16ebe"
+    grid = {**GRID, "methods": {**GRID["methods"], "tta-pilot": {"method": "tta", "lowRanks": [4],
+                                                                  "familyPilot": True, "familyPilotExponent": 2.19}}}
+    with pytest.raises(SpecError, match=r"methods\.tta-pilot\.familyPilot: removed from tta .* ranAt"):
+        load_grid(write(tmp_path, grid))
+    _, cells, _ = load_grid(write(tmp_path, {**grid, "ranAt": commit}))
+    pilot = [c for c in cells if c.method == "tta-pilot"]
+    assert pilot and all(c.removed == ("familyPilot", "familyPilotExponent") for c in pilot)
+    assert pilot[0].job["spec"]["compression"] == {"method": "tta", "lowRanks": [4]}
+    with pytest.raises(SpecError, match=rf"ranAt: .* ran at {commit} with settings since removed from tta \(issue "
+                                        r"62\): compression\.familyPilot \(tta-pilot\); compression\."
+                                        rf"familyPilotExponent \(tta-pilot\)\. .*git checkout {commit[:12]}"):
+        run_bench(write(tmp_path, {**grid, "ranAt": commit}), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists(), "refused before anything ran"
+    with pytest.raises(SpecError, match="ranAt: only for a grid whose methods ran with settings since removed"):
+        load_grid(write(tmp_path, {**GRID, "ranAt": commit}))
+    with pytest.raises(SpecError, match="ranAt: the full commit"):
+        load_grid(write(tmp_path, {**grid, "ranAt": commit[:12]}))
+    # at its old default a removed setting changed nothing: the grid runs as it is
+    quiet = {**GRID, "methods": {**GRID["methods"], "tta": {"method": "tta", "familyPilot": False}}}
+    assert all(not c.removed for c in load_grid(write(tmp_path, quiet))[1])

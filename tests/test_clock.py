@@ -299,13 +299,6 @@ def test_more_than_one_thread_is_refused_on_the_simulated_clock():
         parse_spec(spec, "j")
 
 
-def test_the_pilot_is_refused_on_the_simulated_clock():
-    spec = {**BASE, "network": {"clock": "simulated"},
-            "compression": {"method": "tta", "lowRanks": [1], "familyPilot": True}}
-    with pytest.raises(SpecError, match="spec.compression.familyPilot: the pilot's forks are not modeled"):
-        parse_spec(spec, "j")
-
-
 def test_a_device_profile_is_refused_for_a_model_batch_or_input_it_was_not_measured_on():
     for training, why in [({"model": "mlp"}, "measured for model resnet18, not mlp"),
                           ({"model": "resnet18", "batchSize": 64}, "measured at batchSize 32 a worker, not 64"),

@@ -318,45 +318,6 @@ def test_world_size_one_works_for_every_method():
         assert held_out < bar, f"{method}: {held_out:.3f} vs untrained {untrained:.3f}"
 
 
-def progress_of_the_first_steps(rank, world, steps, momentum=0.0):
-    """Each step's recorded progress dot products, and the same computed apart: this rank's own raw
-    gradient (a copy of the model, the same batch) against its previous one (with momentum correction: its
-    previous velocity, the dense update) and against the previous update (the averaged gradient DDP left in
-    the model)."""
-    import copy
-
-    from netsense.compression import register
-
-    model = in_ddp(tiny_mlp())
-    # A tiny prior knee: sparse from step 1, so error feedback holds a residual the measurement must not see.
-    state = register(model, {"method": "tta", "learnKnee": True, "kneeDensity": 1e-4}, momentum=momentum)
-    m, _ = state.optimizer_terms(momentum, 0.0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m)
-    grads, updates = [], []
-    for step in range(steps):
-        x, y = batch(rank, step, n=32)
-        alone = copy.deepcopy(model.module)
-        torch.nn.functional.cross_entropy(alone(x), y).backward()
-        grads.append(torch.cat([p.grad.view(-1) for p in alone.parameters()]))
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        updates.append(torch.cat([p.grad.view(-1).clone() for p in model.parameters()]))
-        opt.step()
-    state.finish()
-    # The startup's probes come first, and on a model this small (no link) some are dense (as large as a dense
-    # fp16 step); the steps after them are sparse.
-    assert sum(not h["dense"] for h in state.history) >= steps - 4, "the steps after the startup were to be sparse"
-    # From step 2: DDP rebuilds its buckets after step 0, and step 1's are the first to compare with.
-    velocities = [grads[0]]
-    for g in grads[1:]:
-        velocities.append(momentum * velocities[-1] + g)
-    expected = [(0.0, 0.0)] * 2 + [(float(grads[t] @ updates[t - 1]), float(grads[t] @ velocities[t - 1]))
-                                   for t in range(2, steps)]
-    recorded = [(h["progress_made"], h["progress_dense"]) for h in state.history]
-    densities = [h["progress_density"] for h in state.history], [h["density"] for h in state.history]
-    return recorded, expected, densities
-
-
 def aimd_after_the_warm_up(rank, world):
     """The paper's policy after a dense warm-up step (warmupSteps: 1) and two compressed steps, on a real gang."""
     from netsense.compression import register
@@ -376,22 +337,6 @@ def test_the_paper_policy_senses_the_dense_warm_up_step_without_reacting_to_it()
     (on loopback the small payloads stay far below the BDP) rather than halving it at once."""
     for in_startup, ratio in run_world(aimd_after_the_warm_up, 2):
         assert in_startup and ratio == pytest.approx(0.02)
-
-
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_progress_is_measured_on_each_ranks_own_gradient_against_the_update_applied(momentum):
-    """The learned knee reads each update's progress along the next gradient each rank computed: not the
-    averaged one, not the one error feedback has added to; and against the update the optimizer got (the
-    averaged, sparse one), each paired with that update's density. With momentum correction the dense
-    update it is compared with is the rank's velocity."""
-    for recorded, expected, (progress_density, density) in run_world(progress_of_the_first_steps, 2, 8,
-                                                                      momentum):
-        assert len(recorded) == 8
-        for (made, dense), (want_made, want_dense) in zip(recorded, expected, strict=True):
-            assert made == pytest.approx(want_made, rel=1e-4, abs=1e-9)
-            assert dense == pytest.approx(want_dense, rel=1e-4, abs=1e-9)
-        assert progress_density[1:] == density[:-1]
-        assert any(m != d for m, d in recorded[2:]), "a sparse update cannot show a dense one's progress"
 
 
 def test_netsense_payload_shrinks_on_a_slow_measurement():
@@ -428,23 +373,6 @@ def test_fast_topk_selects_exactly_the_largest(device):
         want = set(torch.topk(x, k).indices.tolist())
         assert len(got) == k
         assert got == want
-
-
-def topk_prior_of(rank, world, conv):
-    from netsense.compression import register
-
-    torch.manual_seed(0)
-    net = (torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3), torch.nn.Flatten(), torch.nn.Linear(24, 5)) if conv
-           else tiny_mlp())
-    state = register(in_ddp(net), {"method": "tta", "lowRanks": [4], "convTopkPrior": 1.3})
-    return state.policy.topk_scale
-
-
-@pytest.mark.parametrize("conv, scale", [(True, 1.3), (False, 1.0)])
-def test_the_conv_topk_prior_applies_to_models_with_convolutions_only(conv, scale):
-    """convTopkPrior prices TopK on a model with convolution layers (where the development sets measured TopK
-    at 1.15-1.42x the steps the priors give it), not on an MLP (0.86-1.07x)."""
-    assert run_world(topk_prior_of, 2, conv)[0] == pytest.approx(scale)
 
 
 def powersgd_two_buckets(rank, world):

@@ -98,8 +98,7 @@ def test_transformer1d_reads_mnist1d_as_patch_tokens_and_trains_with_the_jobs_sg
         parse_spec({"training": {"model": "transformer1d", "dataset": "digits32"}})
 
 
-def test_allconv1d_keeps_its_parameters_in_kernels_so_tta_prices_it_as_a_conv_net():
-    from netsense.compression import has_conv
+def test_allconv1d_keeps_its_parameters_in_kernels():
     from netsense.spec import SpecError, parse_spec
 
     torch.manual_seed(0)
@@ -107,7 +106,7 @@ def test_allconv1d_keeps_its_parameters_in_kernels_so_tta_prices_it_as_a_conv_ne
     net = build_model("allconv1d", d.input_shape, 10, 512)
     total = sum(p.numel() for p in net.parameters())
     kernels = sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Conv1d))
-    assert kernels > 0.95 * total and has_conv(net)  # what the grid registers it for: a conv-heavy gradient
+    assert kernels > 0.95 * total  # what the grid registers it for: a conv-heavy gradient
     x, y = d.train_x[:64], d.train_y[:64]
     assert net(x).shape == (64, 10)
     first, last = _fixed_batch_losses(net, x, y, 60)  # slower off the mark than the transformer: near chance

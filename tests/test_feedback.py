@@ -71,7 +71,7 @@ def _held(state, momentum: float) -> torch.Tensor:
     correction residual + u m / (1 - m), with the shared momentum residual / (1 - m) + U m / (1 - m)."""
     zeros = torch.zeros(N)
 
-    def pieces(layout) -> torch.Tensor:  # by parameter: before the first step an adopted state has no bucket yet
+    def pieces(layout) -> torch.Tensor:  # by parameter
         return sum((t.view(-1) for t in layout.by_param.values()), zeros)
 
     residual = pieces(state.memory.layout)
@@ -108,9 +108,6 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
         state = register(ddp, {"method": method, **config}, momentum=momentum)
         assert state.memory is not None, f"{method} runs with error feedback by default"
         _force(state, method, plan)
-        if len(rest) > 1:  # the family pilot's fork adopted (pilot.adopt): its momentum, its residual on rank 1
-            velocity, residual = ADOPTED
-            state.adopt([model.weight], velocity, residual if rank == 1 else None)
         start = torch.stack([_held(state, momentum)]) if momentum else torch.zeros(1, N)
         dist.all_reduce(start)
         received, fed, held, idle = [], [], [], []
@@ -131,9 +128,6 @@ def switching_run(rank: int, world: int, cases: dict[str, tuple]) -> dict:
     return out
 
 
-# An adopted fork's state (multiples of 1/8: exact through the conversions at momentum 0.5): its momentum and its
-# residual, in units of the mean gradient.
-ADOPTED = (torch.arange(N).float() / 8 - 3, torch.arange(N).flip(0).float() / 8 - 1)
 
 
 PLANS = {  # step 0 compressed too: across DDP's bucket rebuild after it
@@ -147,7 +141,7 @@ PLANS = {  # step 0 compressed too: across DDP's bucket rebuild after it
 }
 PADDED = ["sparse", "padded", "padded", "sparse", "padded"]  # tta's padded probes (probePadding) among its steps
 LOWRANK_PADDED = ["lowrank", "lowrank-padded", "lowrank", "lowrank-padded"]  # tta's probes while PowerSGD runs
-SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnKnee": True}, PLANS["tta"]),
+SWITCHING = {"tta": ("tta", {}, PLANS["tta"]),
              "dc2": ("dc2", {}, PLANS["dc2"]),
              "tta-lowRanks": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"]),
              "tta-padded": ("tta", {"probePadding": True}, PADDED),
@@ -157,12 +151,7 @@ SWITCHING = {"tta": ("tta", {}, PLANS["tta"]), "tta-learnKnee": ("tta", {"learnK
              # momentum 0.5 (exact halves): PowerSGD steps with the shared momentum, and all corrected
              "tta-lowRanks-momentum": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"], 0.5),
              "tta-lowRanks-momentum-corrected": ("tta", {"lowRanks": [1], "lowRankMomentumCorrection": True},
-                                                 PLANS["tta-lowRanks"], 0.5),
-             # the pilot's PowerSGD fork adopted before step 0, the first step TopK's or PowerSGD's
-             "tta-adopted": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"], 0.5, "adopted"),
-             "tta-adopted-lowrank-first": ("tta", {"lowRanks": [1]}, PLANS["tta-lowRanks"][1:], 0.5, "adopted"),
-             "tta-adopted-corrected": ("tta", {"lowRanks": [1], "lowRankMomentumCorrection": True},
-                                       PLANS["tta-lowRanks"], 0.5, "adopted")}
+                                                 PLANS["tta-lowRanks"], 0.5)}
 WORLD = 2
 
 
@@ -188,7 +177,7 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
     assert kinds == want, "the forced plan did not run: the test would not cover a switch"
     assert switching[1][case][3] == kinds
     got_so_far = torch.zeros(N)
-    fed_so_far = torch.tensor(start)  # an adopted fork's momentum and residual: applied later, not lost
+    fed_so_far = torch.tensor(start)  # what the ranks held before the first step (nothing)
     for step in range(len(plan)):
         got_so_far += WORLD * torch.tensor(received[step])
         fed_so_far += torch.tensor(fed[step]) / (1 - momentum)
@@ -203,19 +192,6 @@ def test_error_feedback_survives_a_switch_to_dense_and_back(switching: list[dict
         else:
             assert holding.any(), f"{case} step {step}: a compressed step (5 of 50, or rank 1) sent everything"
     assert switching[1][case][0] == received  # every rank received the same average
-
-
-@pytest.mark.gloo
-@pytest.mark.parametrize("case", [c for c in SWITCHING if c.startswith("tta-adopted")])
-def test_an_adopted_forks_momentum_and_residual_are_held_once_over_the_ranks(switching: list[dict], case: str):
-    """CompressionState.adopt (the family pilot's PowerSGD fork, before the first step): what the ranks hold
-    then is worth world x what the fork held, (residual + m velocity) / (1 - m) (the residual on one rank, the
-    momentum the mean of the ranks'), whichever momentum the PowerSGD steps use; the conservation test above then
-    follows it through every switch."""
-    m = 0.5
-    velocity, residual = ADOPTED
-    torch.testing.assert_close(torch.tensor(switching[0][case][6]), WORLD * (residual + m * velocity) / (1 - m),
-                               rtol=0, atol=0)
 
 
 @pytest.mark.gloo

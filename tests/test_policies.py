@@ -26,8 +26,8 @@ def m(payload, seconds, compute=0.1, norm=1.0, wire=None):
 
 
 def tta(numel: int, world: int, **settings) -> TimeToAccuracyController:
-    """The controller with the knee pinned at 0.003 (what the digits MLP's spread gives): the cost
-    arithmetic tested on its own; the learned knee has tests of its own below."""
+    """The controller with the knee pinned at 0.003 (kneeDensity's default), whatever the default becomes: the
+    cost arithmetic tested on its own."""
     return TimeToAccuracyController(numel, world, **{"knee": 0.003, **settings})
 
 
@@ -542,56 +542,6 @@ def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing(cap):
     steps_to_find(c, jittery(200, seed=1), 64 + 10)
 
 
-def progress(knee: float, density: float, dense: float = 1.0) -> StepMeasurement:
-    """A step whose measured update (at ``density``) made the progress a task with this knee predicts."""
-    bw = 20e6 / 8
-    return StepMeasurement(bw, bw, 1.0, 0.2, 1.0, progress_made=dense / (1 + knee / density), progress_dense=dense,
-                           progress_density=density)
-
-
-def test_tta_learns_the_knee_from_the_progress_its_updates_made():
-    """A task whose sparse updates lose more of a dense step's progress has the larger knee and is sent
-    denser on the same link: by sqrt of the knees' ratio, as d* = sqrt(knee (C+F) / (N (s+w)))."""
-    n, world = 10_000_000, 2
-
-    def learned(knee: float) -> TimeToAccuracyController:
-        c = TimeToAccuracyController(n, world, knee=0.003, learn_knee=True, probe_every=1000)
-        for i in range(12):  # densities vary (probes): the estimate pairs each update with its own
-            c.update(progress(knee, 0.01 if i % 4 else 0.02, dense=2.0 - i / 10))
-        return c
-
-    tolerant, suffering = learned(0.001), learned(0.02)
-    assert tolerant.knee == pytest.approx(0.001, rel=1e-6) and suffering.knee == pytest.approx(0.02, rel=1e-6)
-    ratio = suffering.decide().density / tolerant.decide().density
-    assert ratio == pytest.approx(math.sqrt(0.02 / 0.001), rel=1e-6)
-
-
-def test_tta_keeps_its_prior_until_sparse_updates_were_measured():
-    c = TimeToAccuracyController(1_000_000, 2, knee=0.003, learn_knee=True)
-    for _ in range(10):
-        c.update(progress(0.05, 1.0))  # dense updates say nothing about sparse ones
-    for _ in range(TimeToAccuracyController.KNEE_MIN_UPDATES - 1):
-        c.update(progress(0.05, 0.01))
-    assert c.knee == 0.003
-    c.update(progress(0.05, 0.01))
-    assert c.knee == pytest.approx(0.05)
-    pinned = TimeToAccuracyController(1_000_000, 2, knee=0.003)
-    for _ in range(10):
-        pinned.update(progress(0.05, 0.01))
-    assert pinned.knee == 0.003
-
-
-def test_tta_bounds_a_knee_that_noise_made_absurd():
-    low, high = TimeToAccuracyController.KNEE_RANGE
-    c = TimeToAccuracyController(1_000_000, 2, learn_knee=True)
-    for _ in range(10):  # updates that made more progress than dense ones: noise, not a task without a knee
-        c.update(StepMeasurement(1e6, 1e6, 0.1, 0.1, 1.0, progress_made=1.2, progress_dense=1.0, progress_density=0.01))
-    assert c.knee == low
-    for _ in range(60):
-        c.update(progress(5.0, 0.01))
-    assert c.knee == high
-
-
 def test_tta_keeps_its_choice_while_another_is_within_the_models_error():
     """Dense and sparse within 5% of each other: the controller does not flap between them on noise
     (a dense step flushes the residual), but it does switch once the other is clearly cheaper."""
@@ -705,13 +655,13 @@ def test_tta_tries_a_rank_its_measured_work_does_not_rule_out_and_leaves_it_when
     """PowerSGD's own work measured at one rank prices every rank at it (SelectionCost unfitted="fixed"), not in
     proportion to the rank: charged per rank, rank 4's work priced rank 8 at twice it and a run that started at
     rank 4 never tried 8 (dev-halt-set2: each cell kept its first rank). A 4000 x 4000 matrix at 20 Mbit/s, 10 ms
-    of compute, the pilot's R = 4 (TopK out of it): rank 4 first (51 ms of wire against rank 8's 102). With its
+    of compute, TopK priced out (100x the dense steps): rank 4 first (51 ms of wire against rank 8's 102). With its
     own work measured at 0.4 s a step, rank 8's fewer steps (1 + 2.3/r) pay for its extra wire: tta tries it, and
     charged per rank would not have. Rank 8's steps measured at 0.6 s: back to rank 4."""
     n, world, bw = 16_000_000, 2, 20e6 / 8
     c = tta(n, world, probe_every=1000, low_ranks={r: ([(4000, 4000)], 0) for r in (4, 8)}, lowrank_knee=2.3)
     c.update(m(0, 1.0, compute=0.01, wire=bw))
-    c.read_family_pilot(4.0, 0.01, 4)
+    c.steps_factor = lambda density: 100.0
     assert c.decide().rank == 4
 
     def run(rank: int, own: float, steps: int) -> None:
@@ -764,21 +714,8 @@ def test_tta_with_the_power_step_law_sends_about_an_eighth_of_the_fixed_step_and
                                     min_density=1e-5)
     slow.update(m(0, 1.0, compute=0.2, wire=bw / 10))
     assert slow.decide().density == pytest.approx(d.density / 10, rel=1e-6)
-    assert "est_knee" not in c.estimates(), "the power law estimates no knee"
-    with pytest.raises(ValueError, match="learn_knee"):
-        TimeToAccuracyController(n, world, step_law="power", learn_knee=True)
-
-
-def test_a_topk_prior_scales_topk_s_steps_until_the_family_pilot_reads_the_task():
-    """convTopkPrior: TopK's steps are priced at the prior's scale x the step law (so PowerSGD wins where TopK's
-    step is not that much cheaper), and a pilot's reading replaces it."""
-    n, world = 1_000_000, 2
-    plain, conv = tta(n, world, step_law="power"), tta(n, world, step_law="power", topk_scale=1.3)
-    assert conv.steps_factor(0.004) == pytest.approx(1.3 * plain.steps_factor(0.004))
-    conv.read_family_pilot(1.2, 0.01, 4)
-    plain.read_family_pilot(1.2, 0.01, 4)
-    assert conv.topk_scale == plain.topk_scale
-    assert conv.steps_factor(0.01) == pytest.approx(1.2 * conv.lowrank_steps_factor(4))
+    with pytest.raises(ValueError, match="inverse or power"):
+        TimeToAccuracyController(n, world, step_law="cubic")
 
 
 def test_a_padded_probe_is_as_large_as_a_plain_one_but_sends_only_the_ordinary_selection():
@@ -873,19 +810,3 @@ def test_tta_prices_each_option_at_what_its_step_takes_one_fixed_time_a_collecti
     assert c.predicted_cost(lowrank) / c.lowrank_steps_factor(4) == pytest.approx(busy(lowrank)[2], rel=0.05)
     # dense's 4 MB within the bandwidth estimate's error (444 Mbit/s read here: its samples' L is a lower quartile)
     assert c.predicted_cost(Decision()) == pytest.approx(busy(Decision())[2], rel=0.12)
-
-
-def test_after_adopted_powersgd_steps_the_first_step_goes_on_with_their_rank_where_it_is_small():
-    """A run that starts from the family pilot's adopted PowerSGD fork (rank 4) measures with a PowerSGD step
-    at that rank (a TopK probe would train a step on PowerSGD's residual), where it sends at most twice
-    FIRST_BYTES; a model whose rank-4 factors are larger keeps the small TopK probe, and so does a run that
-    adopted nothing."""
-    small = {r: ([(1000, 1000)], 0) for r in (2, 4)}  # rank 4: 16 kB a step (fp16 factors)
-    c = tta(1_000_000, 2, low_ranks=small)
-    assert c.first().rank == 0 and not c.first().dense, "nothing adopted: the TopK probe"
-    c.adopted(4)
-    assert c.first() == Decision(dense=False, rank=4, fp16=True) and c.probing
-    large = {4: ([(20_000, 20_000)], 0)}  # rank 4: 640 kB a step
-    big = tta(400_000_000, 2, low_ranks=large)
-    big.adopted(4)
-    assert big.first() == tta(400_000_000, 2, low_ranks=large).first(), "the TopK probe, as without adopting"

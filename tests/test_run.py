@@ -368,31 +368,6 @@ def test_several_processes_a_worker_train_as_one_gang(tmp_path):
     assert result["status"] == "Succeeded" and result["workers"] == 4 and result["steps"] == 15
 
 
-@pytest.mark.root
-def test_the_family_pilot_reads_before_training_and_chooses_powersgd_where_topk_needs_far_more_steps(tmp_path):
-    """familyPilot on set 2's task (the MLP on digits32, where TopK 1% with error feedback needed 2.2x PowerSGD
-    rank 4's steps): the two workers' forks read it before the first step, on the training clock, and the
-    controller then trains with PowerSGD. The PowerSGD fork's steps are the run's first (pilot.adopt): the
-    run counts them and takes the rest live."""
-    doc = job(training={"model": "mlp", "hiddenSize": 512, "dataset": "digits32", "batchSize": 32, "maxSteps": 20,
-                        "seed": 3},
-              compression={"method": "tta", "lowRanks": [2, 4, 8], "familyPilot": True},
-              network={"profile": {"type": "static", "rate": "300Mbit"}})
-    with start("run", write(tmp_path, doc), "--out", str(tmp_path / "o"), "--quiet") as run:
-        code, _, err = finish(run, 300)
-        assert code == 0, err
-    result = json.loads((tmp_path / "o" / "result.json").read_text())
-    pilot = result["family_pilot"]
-    assert pilot["reading"] > 1.1 and pilot["topk_scale"] > 1 and 0 < pilot["steps"] <= 16, pilot
-    assert pilot["seconds"] < result["train_seconds"], "the pilot's time is on the training clock"
-    steps = (tmp_path / "o" / "timeline.csv").read_text()
-    adopted = pilot["adopted_steps"]
-    assert 0 < adopted <= 16 and result["steps"] == 20, pilot
-    rows = list(csv.DictReader(io.StringIO(steps)))
-    assert [int(r["step"]) for r in rows] == list(range(adopted + 1, 21)), "the live steps follow the adopted"
-    assert result["lowrank_steps"] >= 20 - adopted - 5, steps  # the rest: the first step's and the startup's probes
-
-
 @pytest.mark.gloo
 def test_tta_with_low_ranks_runs_powersgd_end_to_end_without_root(tmp_path):
     """tta with lowRanks, as a user runs it (netsense run; the simulated clock: no root, and deterministic, so

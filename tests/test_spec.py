@@ -203,22 +203,19 @@ def test_momentum_masking_without_correction_is_refused_by_name():
         parse_job(doc(compression={"method": "tta", "momentumCorrection": False, "momentumMasking": True}))
 
 
-def test_learning_the_knee_under_the_power_step_law_is_refused_by_name():
-    with pytest.raises(SpecError, match=r"compression\.learnKnee: learns the knee of stepLaw inverse"):
-        parse_job(doc(compression={"method": "tta", "stepLaw": "power", "learnKnee": True}))
+def test_tta_settings_since_removed_are_refused_by_name_unless_at_their_old_default():
+    """learnKnee, familyPilot, familyPilotExponent, convTopkPrior (issue 62, item 4): a value that would have done
+    something is refused, naming the field and the last commit that had it; at its old default (what a cluster
+    recorded with every default filled in) it changed nothing and is dropped."""
+    from netsense.spec.job import REMOVED_AT, REMOVED_TTA
+
+    for key, (default, _) in REMOVED_TTA.items():
+        other = (not default) if isinstance(default, bool) else default * 2
+        with pytest.raises(SpecError, match=rf"compression\.{key}: removed from tta \(issue 62: not adopted; .*"
+                                            rf"commit {REMOVED_AT[:12]} is the last with it"):
+            parse_job(doc(compression={"method": "tta", key: other}))
+        assert key not in parse_job(doc(compression={"method": "tta", key: default})).compression
     assert parse_job(doc(compression={"method": "tta", "stepLaw": "power"})).compression["densityExponent"] == 0.109
-
-
-def test_the_family_pilot_without_powersgd_ranks_or_with_adam_is_refused_by_name():
-    with pytest.raises(SpecError, match=r"compression\.familyPilot: chooses between TopK and PowerSGD: give the "
-                                        r"PowerSGD ranks in lowRanks"):
-        parse_job(doc(compression={"method": "tta", "familyPilot": True}))
-    with pytest.raises(SpecError, match=r"compression\.familyPilot: the pilot trains as SGD .* use optimizer sgd "
-                                        r"\(got adam\)"):
-        parse_job(doc(training={"optimizer": "adam"},
-                      compression={"method": "tta", "lowRanks": [4], "familyPilot": True}))
-    c = parse_job(doc(compression={"method": "tta", "lowRanks": [4], "familyPilot": True})).compression
-    assert c["familyPilot"] and c["familyPilotExponent"] > 1
 
 
 def test_powersgd_steps_momentum_after_the_all_reduce_without_error_feedback_is_refused_by_name():
@@ -258,7 +255,6 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
     """Before the union the CRD filled every method's defaults into spec.compression; such jobs (stored,
     or recorded in status.appliedSpec) must still run after an upgrade, under the old method name too."""
     from netsense.spec import parse_spec
-    from netsense.spec.job import PILOT_EXPONENT
 
     old = {"method": "overlap", "density": 0.1, "errorFeedback": True, "warmupSteps": 0, "rank": 1,
            "startIter": 10, "alpha": 0.5, "initialRatio": 0.01, "kneeDensity": 0.004, "probeEvery": 8}
@@ -266,12 +262,15 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
         job = parse_spec({"compression": old})
     assert job.compression == {"method": "tta", "values": "fp16", "errorFeedback": True, "momentumCorrection": True,
                                "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
-                               "learnKnee": False, "stepLaw": "inverse", "densityExponent": 0.109,
+                               "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
                                "adaptiveProbing": True, "probePadding": False, "probeCap": False, "lowRanks": [],
                                "lowRankKnee": 2.3,
-                               "lowRankMomentumCorrection": False, "familyPilot": False, "convTopkPrior": 1.0,
-                               "familyPilotExponent": PILOT_EXPONENT}
+                               "lowRankMomentumCorrection": False}
+    # ... and one recorded (status.appliedSpec) with the settings since removed, at their defaults, filled in
+    recorded = {**job.compression, "learnKnee": False, "familyPilot": False, "convTopkPrior": 1.0,
+                "familyPilotExponent": 1.70}
+    assert parse_spec({"compression": recorded}).compression == job.compression
     with pytest.raises(SpecError, match="density: applies to method topk"):
         parse_spec({"compression": {"method": "tta", "density": 0.01}})  # a user's own value, not a default
 

@@ -32,6 +32,8 @@ A grid file::
       netsense: {method: {method: netsense}, vary: {alpha: [0.25, 1.0]}}  # -> netsense, netsense-alpha-0.25, ...
     mixedEncodings: true                          # optional: methods at different compression.values on purpose
                                                   # (refused otherwise; allreduce, fp16, netsense never count)
+    ranAt: <40-hex commit>                        # a committed grid whose methods ran with settings since removed
+                                                  # (the commit of its results): read, never run (bench refuses)
 
 A scenario is a bandwidth profile, or ``{network: {...}, workers: N}`` (either or
 both): a whole spec.network (the shared topology, cross traffic) merged over the

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from netsense.spec import API_VERSION, KIND, SpecError, parse_job
-from netsense.spec.job import VALUES_DEFAULT, read_yaml
+from netsense.spec.job import REMOVED_AT, REMOVED_TTA, VALUES_DEFAULT, read_yaml
 from netsense.spec.schema import Issue
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,6 +31,9 @@ class Cell:
     scenario: str
     seed: int
     job: dict  # a full NetSenseJob document
+    # Settings its method ran with that tta has since lost (REMOVED_TTA), left out of ``job`` (a grid with
+    # ``ranAt``: read, never run here)
+    removed: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -198,8 +201,30 @@ def _check_one_wire_format(grid: dict, encodings: dict[str, str]) -> None:
                                       "level, with a comment saying why")])
 
 
+TTA_NAMES = ("tta", "overlap", "ours")  # the method and its aliases (COMPRESSION's)
+
+
+def _removed_settings(grid: dict, method: str, compression) -> tuple[dict, tuple[str, ...]]:
+    """A method's compression settings less those tta has since lost (REMOVED_TTA), and the names of those it
+    set to anything but their old default (at it they changed nothing). A grid
+    whose methods ran with one says ``ranAt: <commit>`` (the commit its committed results were packaged at:
+    testbed/results/INDEX.jsonl): its cells are read (names, settings, the committed records) but never run
+    here (run_bench refuses it); any other grid naming one is refused, by name."""
+    if not isinstance(compression, dict) or compression.get("method") not in TTA_NAMES:
+        return compression, ()
+    removed = tuple(k for k in compression if k in REMOVED_TTA and compression[k] != REMOVED_TTA[k][0])
+    if removed and not grid.get("ranAt"):
+        raise SpecError([Issue(f"methods.{method}.{k}", f"removed from tta (issue 62: not adopted; {REMOVED_TTA[k][1]}); "
+                                                        f"commit {REMOVED_AT[:12]} is the last with it. A grid that ran "
+                                                        "with it says ranAt: <the commit of its results> at its top "
+                                                        "level (read, not run)") for k in removed])
+    return {k: v for k, v in compression.items() if k not in REMOVED_TTA}, removed
+
+
 def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list[Cell], dict]:
-    """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out)."""
+    """The grid's cells; ``only_seeds``: just these of its seeds (a run to be completed later in the same --out).
+    A grid with ``ranAt`` ran with settings since removed (_removed_settings): its cells carry them in
+    ``removed``, their jobs without them."""
     grid = read_yaml(path, "grid")
     if not isinstance(grid, dict):
         raise SpecError([Issue(path, "a grid is a mapping with base, methods, profiles, seeds")])
@@ -240,12 +265,17 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         # read off every seed of every method, not only those slower than the epochs (time to accuracy is
         # the first crossing either way).
         base = merge(base, {"training": {"minEpochs": epochs}})
+    ran_at = grid.get("ranAt")
+    if ran_at is not None and not (isinstance(ran_at, str) and len(ran_at) == 40
+                                   and all(ch in "0123456789abcdef" for ch in ran_at)):
+        raise SpecError([Issue("ranAt", "the full commit (40 hex digits) its committed results were packaged at")])
     if not isinstance(grid.get("mixedEncodings", False), bool):
         raise SpecError([Issue("mixedEncodings", "must be true or false (true: this grid compares methods at "
                                                  "different values encodings on purpose)")])
     cells = []
     encodings: dict[str, str] = {}  # method -> its compression.values, for the methods that have the field
     for method, compression in methods.items():
+        compression, removed = _removed_settings(grid, method, compression)
         for scenario, setting in grid["profiles"].items():
             over = _scenario(scenario, setting)
             for seed in seeds:
@@ -259,7 +289,10 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
                     raise SpecError([Issue(f"{method} x {scenario}: {i.path}", i.message) for i in e.issues]) from None
                 if "values" in job.spec["compression"]:
                     encodings[method] = job.spec["compression"]["values"]
-                cells.append(Cell(method, scenario, seed, doc))
+                cells.append(Cell(method, scenario, seed, doc, removed))
+    if ran_at and not any(c.removed for c in cells):
+        raise SpecError([Issue("ranAt", "only for a grid whose methods ran with settings since removed (none here): "
+                                        "leave it out, and the grid runs")])
     _check_one_wire_format(grid, encodings)
     if grid.get("ceiling", False) not in (False, True, "matched"):
         raise SpecError([Issue("ceiling", "true (one worker alone, before and after the cells) or matched (each "

@@ -31,6 +31,16 @@ def run_bench(grid_path: str, out_dir: str | None, cluster: bool = False, namesp
         raise SpecError([Issue("--output-claim", "a volume for cluster cells (--cluster); a local cell writes its "
                                "own directory")])
     name, todo, grid = load_grid(grid_path, seeds)
+    removed = sorted({(k, c.method) for c in todo for k in c.removed})
+    if removed:
+        from netsense.spec.job import REMOVED_AT
+
+        named = "; ".join(f"compression.{k} ({', '.join(m for key, m in removed if key == k)})"
+                          for k in dict.fromkeys(k for k, _ in removed))
+        raise SpecError([Issue("ranAt", f"{grid_path} ran at {grid['ranAt']} with settings since removed from tta "
+                                        f"(issue 62): {named}. Its committed results are read as they are; to "
+                                        f"re-run it, check out that commit (git checkout {grid['ranAt'][:12]}; "
+                                        f"{REMOVED_AT[:12]} is the last commit with them)")])
     # On the simulated clock a cell's time is the model's, whatever else runs: cells may share the cores.
     simulated = all((c.job["spec"].get("network") or {}).get("clock") == "simulated" for c in todo)
     if parallel is not None and (parallel < 1 or (parallel > 1 and not (cluster or simulated))):

@@ -95,8 +95,7 @@ def cross_goodput(result: dict) -> float | None:
 
 SEED_KEYS = ("status", "time_to_accuracy_s", "steps", "bytes_sent_per_worker", "mean_density", "best_accuracy",
              "final_accuracy", "throughput_samples_per_s", "value_encoding", "wire_bytes_per_element",
-             "link_rate_mbit_min", "link_rate_mbit_median", "link_rate_mbit_max", "reason", "lowrank_steps",
-             "family_pilot")
+             "link_rate_mbit_min", "link_rate_mbit_median", "link_rate_mbit_max", "reason", "lowrank_steps")
 
 
 def seed_record(result: dict) -> dict:

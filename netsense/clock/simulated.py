@@ -40,7 +40,7 @@ Not modeled: TCP's own dynamics (slow start after an idle gap, loss recovery, ho
 with flows already running, unfair congestion controls: the emulator has them; a cross flow's own
 congestionControl is refused by validation), a rate change or a cross flow's start within a step, contention
 between a rank's collectives and its compute for the CPU, stragglers (every rank's step costs the same), a
-controller's own per-step work (tta's gradient statistics and decisions), and the pilot's forks (refused).
+controller's own per-step work (tta's gradient statistics and decisions).
 ``jitter`` scales each collective's time by ``1 + jitter x N(0, 1)`` (clipped at 0), from a generator seeded by
 the job's seed, the step and the collective, so every rank draws the same noise.
 """

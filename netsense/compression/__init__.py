@@ -80,11 +80,6 @@ def read_penalties(path: str | None) -> Penalties | None:
         raise SpecError([Issue("compression.penalties", str(e))]) from None
 
 
-def has_conv(model: torch.nn.Module) -> bool:
-    """Whether the model has a convolution layer (tta's convTopkPrior applies to such models)."""
-    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-
-
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
              process_group: dist.ProcessGroup | None = None, seed: int = 0,
              momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False,
@@ -121,12 +116,12 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
         "dc2": lambda: DelayDriven(numel, world, target=c["delayTarget"], gain=c["gain"], fp16=c["values"] == "fp16",
                                    min_density=c["minDensity"]),
         "tta": lambda: TimeToAccuracyController(
-            numel, world, fp16=c["values"] == "fp16", knee=c["kneeDensity"], learn_knee=c["learnKnee"], window=c["window"],
+            numel, world, fp16=c["values"] == "fp16", knee=c["kneeDensity"], window=c["window"],
             probe_every=c["probeEvery"],
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
             step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
-            probe_cap=c["probeCap"], topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0,
+            probe_cap=c["probeCap"],
             penalties=read_penalties(c.get("penalties"))),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":
@@ -139,7 +134,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
               if local is not None and c.get("lowRanks") and not c["lowRankMomentumCorrection"] else None)
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
-                             seed=seed, measure_progress=method == "tta" and c["learnKnee"], momentum=local,
+                             seed=seed, momentum=local,
                              shared=shared, null_wire=null_wire)
     state.clock = clock or REAL
     model.register_comm_hook(state, compress_hook)

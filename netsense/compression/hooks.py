@@ -44,7 +44,6 @@ from netsense.compression import communicator
 from netsense.compression.compressor import TopK
 from netsense.compression.lowrank import LowRank, from_wire, to_wire
 from netsense.compression.memory import LocalMomentum, ResidualMemory, SharedMomentum
-from netsense.compression.progress import ProgressProbe
 from netsense.compression.steps import MeasuredState
 from netsense.control.cost import (
     dense_allreduce_bytes,
@@ -65,7 +64,6 @@ class CompressionState(MeasuredState):
     memory     error feedback: what sparse steps did not send, by bucket (None without it)
     topk       the sparse compressor: selection and packing, and summing the gathered chunks
     lowrank    the low-rank compressor (PowerSGD): each parameter's warm start
-    progress   how much of a dense step's progress each update made (progress.py; None unless measured)
     momentum   the SGD momentum and weight decay, applied here instead of by the optimizer (memory.py:
                momentum correction; None: the optimizer applies them)
     shared     with momentum correction, the momentum of PowerSGD steps applied after the all-reduce instead
@@ -75,7 +73,7 @@ class CompressionState(MeasuredState):
 
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
                  error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
-                 measure_progress: bool = False, momentum: LocalMomentum | None = None,
+                 momentum: LocalMomentum | None = None,
                  shared: SharedMomentum | None = None, null_wire: bool = False):
         super().__init__(process_group)
         self.null_wire = null_wire
@@ -92,7 +90,6 @@ class CompressionState(MeasuredState):
         self.lowrank = LowRank(seed)
         self.warmup_steps = warmup_steps
         self.need_grad_stats = need_grad_stats
-        self.progress = ProgressProbe() if measure_progress else None
         self.decision = Decision()
         self.warmup = False
         self._agreement: torch.futures.Future | None = None
@@ -100,38 +97,6 @@ class CompressionState(MeasuredState):
     def optimizer_terms(self, momentum: float, weight_decay: float) -> tuple[float, float]:
         """The (momentum, weight decay) the SGD optimizer should apply: none of either when this hook does."""
         return (0.0, 0.0) if self.momentum is not None else (momentum, weight_decay)
-
-    def adopt(self, params: list[torch.Tensor], velocity: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """Go on from PowerSGD steps taken elsewhere (the family pilot's adopted fork: pilot.adopt), before the
-        first step: ``velocity`` their momentum (every rank's the same), ``residual`` what they have not applied
-        yet, in units of the mean gradient (on one rank, None on the others; both flat, in ``params``' order).
-        Each parameter's piece is put where ParameterLayout finds it at the first step. In the units of
-        SharedMomentum's doc, the residual the ranks hold sums to ``world x residual``, so the one that has it
-        holds all of that and the others none:
-
-            shared momentum:      U <- velocity; this step counts as a shared one (no conversion at the first
-                                  step if it is PowerSGD's; SharedMomentum.to_local if it is not)
-            momentum correction:  every rank's u <- velocity; residual <- world x residual / (1 - m)
-                                  (as SharedMomentum.to_local converts it)
-            neither:              the optimizer's momentum: returns False, for the caller to set it
-
-        Without error feedback the residual is dropped, as each of those steps would have dropped it."""
-        sizes = [p.numel() for p in params]
-        if self.shared is not None:
-            self.shared_step = True
-            held = self.shared
-        else:
-            held = self.momentum
-        if held is not None:
-            for p, v in zip(params, velocity.split(sizes), strict=True):
-                held.layout.by_param[id(p)] = v.clone()
-        if residual is not None and self.memory is not None:
-            scale = float(self.world)
-            if self.shared is None and self.momentum is not None:  # a residual of velocities
-                scale /= 1 - self.momentum.momentum
-            for p, e in zip(params, residual.split(sizes), strict=True):
-                self.memory.layout.by_param[id(p)] = e.to(p.device) * scale
-        return held is not None
 
     def finish(self) -> None:
         """End the last step and wait for its measurement agreement: a collective still in flight when the
@@ -298,22 +263,13 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
         # A tensor (no device sync here), in fp32 whatever the bucket's dtype (an fp16 square overflows),
         # and without a full-size temporary.
         c.grad_sq = c.grad_sq + torch.linalg.vector_norm(buf, 2, dtype=torch.float32).square()
-    measuring = state.progress is not None and state.step > 0  # DDP rebuilds its buckets after step 0
-    if measuring:
-        dots = state.progress.gradient(bucket.index(), buf)  # the raw gradient: before anything changes buf
-        if dots is not None:
-            c.progress_made, c.progress_dense = c.progress_made + dots[0], c.progress_dense + dots[1]
     if state.switching:
         state.switch_momentum(bucket)
     if state.momentum is not None and not state.shared_step:  # buf becomes the velocity: a dense step's update
         state.momentum.accumulate(bucket.index(), buf, bucket.gradients(), bucket.parameters())
-    if measuring:
-        state.progress.dense(bucket.index(), buf)  # before either path changes buf in place
     d = state.decision
     fut = state.dense(bucket) if d.dense else state.low_rank(bucket) if d.rank else state.sparse(bucket)
     index = bucket.index()
-    if measuring:  # the update before any shared momentum: the reference is this step's raw gradient then
-        fut = fut.then(lambda f: state.progress.update(index, f.value()))
     if state.shared_step:
         views, params = bucket.gradients(), bucket.parameters()
         fut = fut.then(lambda f: state.shared.apply(index, f.value(), views, params))

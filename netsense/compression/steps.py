@@ -31,8 +31,6 @@ class StepCounts:
     elements_total: float = 0.0
     sparse_elements: float = 0.0  # the elements of the buckets TopK's path took (selected, packed, decoded)
     lowrank_elements: float = 0.0  # ... and PowerSGD's (projected, orthogonalized, applied)
-    progress_made: float | torch.Tensor = 0.0  # <g_t, U_{t-1}>: the last update, seen by this gradient
-    progress_dense: float | torch.Tensor = 0.0  # <g_t, g_{t-1}>: what a dense update would have shown
 
 
 class MeasuredState:
@@ -95,10 +93,6 @@ class MeasuredState:
             "selection_seconds": c.selection_seconds,
             "elements_sent": c.elements_sent,
             "grad_norm": math.sqrt(float(c.grad_sq)),
-            "progress_made": float(c.progress_made),
-            "progress_dense": float(c.progress_dense),
-            # the density of the update those two measured: the previous step's
-            "progress_density": self.history[-1]["density"] if self.history else 1.0,
         }
         record.update(self._extra_fields(record))
         self.history.append(record)

@@ -34,9 +34,6 @@ class StepMeasurement:
     grad_norm: float  # L2 norm of the (uncompressed) gradient
     selection_seconds: float = 0.0  # the compressor's own work (selecting, packing, decoding; PowerSGD's passes)
     elements_sent: float = 0.0  # gradient elements selected (sparse path)
-    progress_made: float = 0.0  # <g_t, U_{t-1}>: the previous step's update along this step's gradient (ProgressProbe)
-    progress_dense: float = 0.0  # <g_t, g_{t-1}>: the same for a dense update, in expectation (0: not measured)
-    progress_density: float = 1.0  # the density of the update measured (the previous step's)
 
 
 def smoothed(average: float, sample: float, weight: float = 0.3) -> float:

@@ -40,24 +40,10 @@ Its optimum is linear in the link's rate, not its square root:
     d* = q / (1 - q) x (C + F + L) / (N * (s + w))
 
 (the sparse payload's seconds are q / (1 - q), about an eighth, of the
-step's fixed seconds).
-
-With ``learn_knee`` (spec: learnKnee) the knee is measured on this task
-while it trains. Each sparse update U_t's progress is read against the next
-step's gradient (netsense.compression.progress): r = <g_{t+1}, U_t> /
-<g_{t+1}, g_t> estimates the fraction of a dense step's first-order progress
-it made, which the steps model says is 1 / (1 + knee / d). So
-
-    knee = sum (dense - made) / sum (made / d)
-
-over the sparse updates measured (running sums, weight ``KNEE_WEIGHT`` per
-update, so the estimate follows the task as it trains; d each update's own
-density, probes included), clamped to ``KNEE_RANGE``; the prior holds until
-``KNEE_MIN_UPDATES`` have been measured. An earlier attempt learned it as a
-constant times the gradient's spread ||g||_1^2 / (N ||g||_2^2): the spread
-says how the energy is spread, not how much the task suffers from delay,
-and it lost to the fixed prior on the first evaluation set (1.21x [1.12,
-1.32] against 1.05x [1.00, 1.10] of the best method's time).
+step's fixed seconds). Asked three times on development data, it was adopted
+by the rule registered with the third ask (dev-law3, testbed/EVALUATION.md) as
+the third fresh set's candidate's law; the default stays inverse until a fresh
+set judges it.
 
 Time to accuracy is steps x step time, so the controller minimizes
 ``(1 + knee/d) * T(d)``, whose optimum is
@@ -102,36 +88,17 @@ all-reduce instead (spec lowRankMomentumCorrection, default false; memory.Shared
 published), and at a switch each rank's velocity moves through its residual, conserved as momentum SGD
 would apply it.
 
-The family pilot (spec: familyPilot; netsense.control.pilot) reads this task's TopK penalty before
-training: R, TopK at 1%'s steps over PowerSGD at rank 4's, from local forks that train until their loss
-falls to 0.8 of its first. ``read_family_pilot`` scales TopK's step law by
-
-    topk_scale = R x (1 + lowrank_knee / 4) / step_law_factor(0.01)
-
-so that the two priors' ratio there is R: PowerSGD's prior is kept (its steps over the dense steps
-transfer: 1.04-1.16x at rank 4 on every task measured), and so is the law's shape in d, so d* does not
-move; what moves is the family (and dense against TopK). Where the forks read nothing (no fork got
-there), topk_scale stays at its prior: 1, or ``topk_scale`` given (spec convTopkPrior, for a model with
-convolution layers; the hook passes it only for such a model).
-
-The pilot reads nothing on the conv nets (their loss falls slowly at first: no fork gets to 0.8 of its
-first loss by step 4), and there the priors misprice TopK against PowerSGD: on the development sets' four
-conv nets TopK took a median 1.29-1.42x (digits, digits32) and 1.15x (MNIST-1D) the steps the priors give
-it against rank 4, over every density and link measured, where on the synthetic task's MLP (no reading
-either) it took 1.07x and on MNIST-1D's 0.86x (testbed/EVALUATION.md: the tables' steps to the target;
-testbed/fit_families.py --family-prior). Global TopK
-may starve the conv kernels, a few small tensors beside the dense layers, whose updates then wait in the
-residual, where PowerSGD updates every layer every step; whatever the cause, convTopkPrior (1.3 in the
-candidate, the geometric mean of the conv nets' medians; 1 by default) scales TopK's prior on such models
-until a reading replaces it.
+Tried and removed for want of evidence (issue 62, item 4; git keeps them, the last commit with them is
+netsense.spec.job.REMOVED_AT): the knee learned from each sparse update's progress (learnKnee), a family
+pilot that trained a TopK and a PowerSGD fork before training to scale TopK's prior (familyPilot), and a
+TopK prior for models with convolutions (convTopkPrior).
 
 A penalties profile (spec: penalties; netsense.control.penalties, written by ``netsense calibrate``) replaces
 every step prior above with this task's measurements: each option's steps to a loss milestone over dense fp16's,
 raced on the user's own model, batch and lr. ``steps_factor(d)`` is then TopK's measured factors interpolated in
 log factor against log density (below the measured ones with the lowest pair's slope, above them held; at least
-1) and ``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent, lowRankKnee and
-convTopkPrior are unused, and the spec refuses it with familyPilot or learnKnee (each would move a prior the
-profile replaced). With no closed form for the optimum, d* is the least predicted cost on a log grid of densities
+1) and ``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent and lowRankKnee
+are unused. With no closed form for the optimum, d* is the least predicted cost on a log grid of densities
 (``DENSITY_GRID``). Not yet validated against the hindsight-best option (issue 62's later items).
 
 Communication that overlaps the backward pass is not counted as free: on
@@ -229,9 +196,6 @@ class TimeToAccuracyController(Policy):
     # one reads it as app-limited and is found by the startup probes that follow.
     FIRST_BYTES = 64e3
 
-    KNEE_WEIGHT = 0.1  # of a new sparse update's progress in the knee's running sums (about ten updates)
-    KNEE_MIN_UPDATES = 5  # sparse updates measured before the measured knee replaces the prior
-    KNEE_RANGE = (3e-4, 0.1)  # 1% would cost 1.03x to 11x the dense steps: outside is noise, not a task
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
     STARTUP_ROUNDS = 2  # probes in a row that find under REPROBE_GAIN x more before the startup ends
     # With probe_cap: a probe's payload is at most this many ordinary steps on the wire at the estimated rate. Never
@@ -239,16 +203,14 @@ class TimeToAccuracyController(Policy):
     # only the startup's doubling.
     PROBE_STEPS = 4
 
-    def __init__(self, numel: int, world: int, knee: float = 0.003, learn_knee: bool = False, window=10,
+    def __init__(self, numel: int, world: int, knee: float = 0.003, window=10,
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
                  low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3,
                  step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False,
-                 probe_cap: bool = False, topk_scale: float = 1.0, penalties: Penalties | None = None):
+                 probe_cap: bool = False, penalties: Penalties | None = None):
         self.numel, self.world = numel, world
-        if step_law not in ("inverse", "power") or (step_law == "power" and learn_knee):
-            raise ValueError(f"step_law {step_law!r}: inverse, or power without learn_knee")
-        if penalties is not None and learn_knee:
-            raise ValueError("penalties: a measured profile replaces the knee learn_knee would learn")
+        if step_law not in ("inverse", "power"):
+            raise ValueError(f"step_law {step_law!r}: inverse or power")
         # This task's measured steps factors (netsense calibrate): where given, the priors below are unused.
         self.penalties = penalties
         self.step_law, self.density_exponent = step_law, density_exponent
@@ -257,10 +219,6 @@ class TimeToAccuracyController(Policy):
         # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
         self.lowrank_knee = lowrank_knee
-        # TopK's step law x this: the family pilot's reading (read_family_pilot) replaces it; until then (or without
-        # one) the prior's (spec convTopkPrior on a model with convolutions, else 1)
-        self.topk_scale = topk_scale
-        self.start_rank = 0  # PowerSGD's rank of the steps the run has already taken (adopted), else 0: first()
         # PowerSGD's own seconds a step, fixed + per_rank x r, fitted on its steps (nothing: not yet measured); all
         # fixed until two ranks have run (SelectionCost: else the first rank run is never left)
         self.lowrank_cost = SelectionCost(unfitted="fixed")
@@ -269,9 +227,7 @@ class TimeToAccuracyController(Policy):
         # step's cost it kept tta dense for a whole run (no later sparse step could correct it). Not priced.
         self.warmed: set[str] = set()
         self.fp16 = fp16  # the values' encoding (values: fp16 | fp32), sparse and dense alike
-        self.prior_knee, self.learn_knee = knee, learn_knee
-        self.knee_updates = 0  # sparse updates whose progress was measured
-        self._lost = self._kept = 0.0  # running sums of (dense - made) and made / d
+        self.knee = knee  # the density at which TopK needs twice the dense steps (stepLaw inverse)
         self.probe_every, self.probe_gain = probe_every, probe_gain
         self.min_density = min_density
         self.sensor = LinkEstimator(window)
@@ -316,20 +272,6 @@ class TimeToAccuracyController(Policy):
             elif not self.last.pad:  # a padded probe's selection time holds its padding's copy: not a price of k
                 self.selection.add(m.elements_sent, m.selection_seconds)
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
-        if self.learn_knee and m.progress_dense != 0 and m.progress_density < 1:
-            w = self.KNEE_WEIGHT if self.knee_updates else 1.0
-            self._lost = (1 - w) * self._lost + w * (m.progress_dense - m.progress_made)
-            self._kept = (1 - w) * self._kept + w * m.progress_made / m.progress_density
-            self.knee_updates += 1
-
-    @property
-    def knee(self) -> float:
-        """The density at which TopK needs twice the dense steps: the prior, or (learning, once measured)
-        this task's, from the progress its sparse updates made."""
-        if not self.learn_knee or self.knee_updates < self.KNEE_MIN_UPDATES or self._kept <= 0:
-            return self.prior_knee
-        low, high = self.KNEE_RANGE
-        return min(high, max(low, self._lost / self._kept))
 
     def _wire_per_element(self) -> float:
         return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
@@ -342,10 +284,10 @@ class TimeToAccuracyController(Policy):
 
     def steps_factor(self, density: float) -> float:
         """TopK's steps at this density over the dense steps: measured (the penalties profile, interpolated),
-        else the step law times the pilot's scale."""
+        else the step law."""
         if self.penalties is not None:
             return self.penalties.topk_factor(density)
-        return self.topk_scale * self.step_law_factor(density)
+        return self.step_law_factor(density)
 
     def lowrank_steps_factor(self, rank: int) -> float:
         """PowerSGD's steps at this rank over the dense steps: measured (the penalties profile, interpolated),
@@ -353,19 +295,6 @@ class TimeToAccuracyController(Policy):
         if self.penalties is not None:
             return self.penalties.powersgd_factor(rank)
         return 1 + self.lowrank_knee / rank
-
-    def read_family_pilot(self, ratio: float, density: float, rank: int) -> None:
-        """The pilot's R (netsense.control.pilot): on this task TopK at ``density`` needs R x PowerSGD at
-        ``rank``'s steps. TopK's step law is scaled so that the two priors' ratio there is R; PowerSGD's prior
-        is kept (its steps over the dense steps transfer between tasks: 1.04-1.16x at rank 4 on every task
-        measured), and TopK's shape in the density too, so only the family choice (and dense against TopK)
-        moves, not the density TopK would run at."""
-        self.topk_scale = ratio * self.lowrank_steps_factor(rank) / self.step_law_factor(density)
-
-    def adopted(self, rank: int) -> None:
-        """The run's first steps were PowerSGD at ``rank``, taken before this controller measured anything (the
-        family pilot's fork, adopted: netsense.control.pilot.adopt): its first step goes on with them (first())."""
-        self.start_rank = rank
 
     def sparse_density(self) -> float:
         """d*, the density minimizing the predicted time to accuracy (before clamping and probing)."""
@@ -450,16 +379,8 @@ class TimeToAccuracyController(Policy):
         where the whole model is smaller than that. It measures the compute time and a first, often
         app-limited, bandwidth; probes then double (BBR's startup) while the estimate keeps rising by more
         than a quarter. A dense first step would cost the whole model on the wire before anything is known:
-        36 s for ResNet18 at 10 Mbit/s. Where the run has already taken PowerSGD steps (``adopted``) it is a
-        PowerSGD step at their rank instead, if that sends at most twice ``FIRST_BYTES`` (0.1 s at 10 Mbit/s):
-        it measures the same, and a TopK step between PowerSGD's would train on PowerSGD's residual and move the
-        momentum to TopK's and back (SharedMomentum) for a step of 64 kB."""
+        36 s for ResNet18 at 10 Mbit/s."""
         self.probing = True
-        if self.start_rank in self.low_ranks:
-            matrices, whole = self.low_ranks[self.start_rank]
-            if lowrank_allreduce_bytes(matrices, whole, self.start_rank, self.world, self.fp16) <= 2 * self.FIRST_BYTES:
-                self.last = Decision(dense=False, rank=self.start_rank, fp16=self.fp16)
-                return self.last
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
         k = max(1, math.ceil(self.FIRST_BYTES / per_element))
         density = min(1.0, max(self.min_density, k / self.numel))
@@ -526,8 +447,6 @@ class TimeToAccuracyController(Policy):
 
     def estimates(self) -> dict:
         out = {"est_btlbw_bytes_per_s": self.sensor.bandwidth, "est_rtprop_s": self.sensor.rtt}
-        if self.step_law == "inverse" and self.penalties is None:  # no knee to report: a power law, a profile
-            out["est_knee"] = self.knee
         if self.low_ranks:
             out["est_lowrank_s_per_rank"] = self.lowrank_cost.per_element
             out["est_lowrank_fixed_s"] = self.lowrank_cost.intercept

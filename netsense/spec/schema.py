@@ -336,6 +336,8 @@ class Obj(Node):
     checks: Iterable[Check] = ()
     cel: list[dict] = field(default_factory=list)  # x-kubernetes-validations mirroring checks
     doc: str = ""
+    # Fields this object had once -> (the value at which they did nothing: accepted and dropped, why else refused)
+    removed: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def parse(self, value, path, errors):
         if value is None:
@@ -350,6 +352,9 @@ class Obj(Node):
             if isinstance(key, bool):  # YAML 1.1 reads unquoted on/off/yes/no keys as booleans
                 errors.add(path, f"a key read as the boolean {key} (YAML takes unquoted on/off/yes/no for "
                                  f"booleans); known fields: {known}")
+            elif key in self.removed:
+                if value[key] != self.removed[key][0]:
+                    errors.add(_join(path, key), self.removed[key][1])
             elif key not in self.fields:
                 hint = did_you_mean(key, (n for n, f in self.fields.items() if not isinstance(f.node, Refused)))
                 errors.add(_join(path, key), f"unknown field{hint}" if hint else f"unknown field (known: {known})")

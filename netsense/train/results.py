@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass, field
 
 TIMELINE_COLUMNS = ["time", "step", "epoch", "loss", "density", "lowrank_rank", "bytes", "comm_s", "compute_s",
-                    "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "est_knee", "progress_made", "progress_dense",
-                    "link_rate_mbit", "samples_per_s", "dense_reason", "probe", "accuracy"]
+                    "selection_s", "est_btlbw_mbit", "est_rtprop_ms", "link_rate_mbit", "samples_per_s", "dense_reason",
+                    "probe", "accuracy"]
 
 
 @dataclass

@@ -23,7 +23,6 @@ the loop at the same step.
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import math
 import os
@@ -43,7 +42,6 @@ from netsense import gang, units
 from netsense.clock import REAL, RealClock, devices
 from netsense.clock.simulated import SimulatedClock
 from netsense.compression import ddp_options, register
-from netsense.control import pilot
 from netsense.emulation.cross import flows_from_spec
 from netsense.errors import Terminated
 from netsense.shaping.profiles import build_profile, unseen_changes, unseen_message
@@ -76,36 +74,6 @@ def wait_for_master(addr: str, port: int, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"rank 0 at {addr}:{port} not reachable after {timeout_s:.0f}s") from None
             time.sleep(0.2)
-
-
-def pilot_inputs(data, batch_size: int, rank: int, world: int, seed: int):
-    """The family pilot's batches (the first pilot.MAX_STEPS of its pair's shard, each of the job's whole batch,
-    ``batch_size`` x ``world`` samples, augmented as training would)
-    and probe samples (the pair's share of a fixed batch) for ``rank``: both ranks of a pair get the same
-    (pilot.pair_leader), so their forks differ by family alone. The probe is held out from every pair's pilot
-    batches where the training set allows: a probe the forks trained on reads how fast they memorize it (it
-    had been drawn from the sampler's own order, so half of the first pair's probe was in its batches)."""
-    leader = pilot.pair_leader(rank)
-    # A fork's step takes the job's whole batch (every worker's samples, as one dense DDP step averages), from its
-    # pair's shard: with one worker's batch its trajectory was twice as noisy as training's, and so was h.
-    # (At most a shard: a small training set split over many workers holds fewer samples a rank than that.)
-    size = min(batch_size * world, len(ShardedBatches(data, 1, leader, world, seed)))
-    shards = {r: ShardedBatches(data, size, r, world, seed) for r in range(0, world, 2)}
-    need = pilot.MAX_STEPS * size
-    # Every pair's pilot samples: its shard's first ``need``, over as many epochs as that takes.
-    seen = {r: torch.cat([b.indices(e) for e in range(math.ceil(need / (len(b) * size)))])[:need]
-            for r, b in shards.items()}
-    # Only the batches a fork can use: an epoch of CIFAR is hundreds of batches (each augmented).
-    shard = itertools.chain.from_iterable(shards[leader].epoch(e) for e in itertools.count())
-    batches = list(itertools.islice(shard, pilot.MAX_STEPS))
-    share = pilot.PROBE_SAMPLES // world
-    # Its own order (not the sampler's: that one is seeded by seed + epoch), samples no pilot batch holds first.
-    order = torch.randperm(len(data.train_y), generator=torch.Generator().manual_seed(seed * 1_000_003 + 99))
-    used = torch.zeros(len(data.train_y), dtype=torch.bool)
-    used[torch.cat(list(seen.values()))] = True
-    order = torch.cat([order[~used[order]], order[used[order]]])
-    probe = order[leader * share:(leader + 1) * share]
-    return batches, (data.train_x[probe], data.train_y[probe])
 
 
 @dataclass
@@ -161,7 +129,6 @@ class Trainer:
         self.profile_epoch: float | None = None  # set when training starts
         self.timeline = Timeline()
         self.state = RunState()
-        self.pilot: dict | None = None  # tta's family pilot, where it ran (family_pilot)
         self.clock: RealClock | SimulatedClock = REAL
         self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
         if job.network["clock"] == "simulated":
@@ -318,35 +285,12 @@ class Trainer:
                 write_clock(self.start_file, self.profile_epoch)
 
     # -- the loop ----------------------------------------------------------------------
-    def family_pilot(self) -> dict:
-        """tta's family pilot (netsense.control.pilot.run) on the first batches of its pair's shard and the
-        pair's share of a fixed probe batch (both ranks of a pair the same: pilot.pair_leader). On the training
-        clock: its time is part of the time to accuracy. Its PowerSGD fork's steps become the run's first steps
-        (pilot.adopt): the model, the hook's state and the optimizer's go on from them."""
-        batches, probe = pilot_inputs(self.data, self.t["batchSize"], self.rank, self.world, self.t["seed"])
-        moved = [(x.to(self.device), y.to(self.device)) for x, y in batches]
-        out, adoption = pilot.run(self.hook.policy, self.model.module, moved,
-                                  (probe[0].to(self.device), probe[1].to(self.device)), self.t["lr"],
-                                  self.t["momentum"], self.job.compression["familyPilotExponent"],
-                                  seed=self.t["seed"], lowrank=self.hook.lowrank)
-        if adoption is not None:
-            params = [p for p in self.model.module.parameters() if p.requires_grad]
-            if not self.hook.adopt(params, adoption.velocity, adoption.residual):
-                for p, v in zip(params, adoption.velocity.split([p.numel() for p in params]), strict=True):
-                    self.opt.state[p]["momentum_buffer"] = v.view_as(p).clone()
-            self.state.step += adoption.steps
-        if self.rank == 0:
-            emit("pilot", **out)
-        return out
-
     def train(self) -> dict:
         s = self.state
         self.start_profile_clock()
         max_steps = self._max_steps()
         samples_per_step = self.t["batchSize"] * self.world
         start, real_start = self.clock.now(), time.perf_counter()
-        if self.job.compression.get("familyPilot") and self.world > 1:
-            self.pilot = self.family_pilot()
         last_progress = 0.0
         stop = False
         while not stop and s.step < max_steps:
@@ -369,8 +313,7 @@ class Trainer:
                     density=rec.get("density"), lowrank_rank=rec.get("lowrank_rank") or None, bytes=rec.get("wire_bytes"), comm_s=rec.get("comm_seconds"),
                     compute_s=rec.get("compute_seconds"), selection_s=rec.get("selection_seconds"),
                     est_btlbw_mbit=_mbit(rec.get("est_btlbw_bytes_per_s")), est_rtprop_ms=_ms(rec.get("est_rtprop_s")),
-                    est_knee=rec.get("est_knee"), progress_made=rec.get("progress_made") or None,
-                    progress_dense=rec.get("progress_dense") or None, link_rate_mbit=self.link_rate_mbit(),
+                    link_rate_mbit=self.link_rate_mbit(),
                     samples_per_s=round(samples_per_step / step_time, 2), dense_reason=rec.get("dense_reason"),
                     probe=int(bool(rec.get("probe"))), accuracy=None)
                 end_of_epoch = i == len(batches) - 1
@@ -499,7 +442,6 @@ class Trainer:
             "collective_timer": ("modeled" if self.clock.simulated else
                                  "cuda-events" if self.device.type == "cuda" else "wall-clock"),
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
-            "family_pilot": self.pilot,
             # tta's measured steps factors (netsense calibrate): which file, and what measuring them cost
             "penalties": self._penalties_record(),
             # valid but never met: a profile's changes after the training ended
