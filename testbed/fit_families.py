@@ -22,7 +22,8 @@ from the sweep's measured step times (the argmin of law x seconds a step) beside
 exponent q the task's own sweep fits (the slope of log steps on log 1/d), to set beside the tuning task's 0.109.
 
 With ``--family-prior``: where the family pilot reads nothing (the development conv nets and two MLPs), TopK's steps
-over PowerSGD rank 4's against what the priors give, per task; convTopkPrior is the conv nets' geometric mean.
+over PowerSGD rank 4's against what the priors give, per task; convTopkPrior (tta's, since removed: issue 62) was
+the conv nets' geometric mean.
 
 With ``--ranks GRID...``: PowerSGD's steps to the target at each rank over rank 4's, per grid, beside what the
 low-rank law ``1 + lowRankKnee / r`` (lowRankKnee 2.3, fitted on the tuning set) gives for the same ratio.
@@ -144,7 +145,7 @@ DENSITY_EXPONENT, LOWRANK_KNEE = 0.109, 2.3  # the candidate's priors: TopK d^-q
 def family_prior() -> None:
     """TopK's steps to the target over PowerSGD rank 4's, measured, over what the priors give (d^-q against
     1 + knee/4), at every density and link of each task where the pilot reads nothing; per task the median,
-    and the geometric mean of the conv nets' medians (tta's convTopkPrior in the candidate)."""
+    and the geometric mean of the conv nets' medians (tta's convTopkPrior in the candidate; since removed)."""
     medians: dict[str, list[float]] = {}
     for grid, kind in NO_READING.items():
         off = []
@@ -187,7 +188,7 @@ def main() -> None:
     ap.add_argument("--check", nargs="*", default=[], metavar="GRID",
                     help="evaluation grids (testbed/results/GRID.jsonl[.gz]) to check the fitted laws on")
     ap.add_argument("--family-prior", action="store_true",
-                    help="the evidence for convTopkPrior: TopK's steps over PowerSGD rank 4's against the priors, on "
+                    help="the evidence for convTopkPrior (since removed): TopK's steps over PowerSGD rank 4's against the priors, on "
                          "the development tasks where the family pilot reads nothing")
     ap.add_argument("--ranks", nargs="*", default=None, metavar="GRID",
                     help="PowerSGD's steps at each rank over rank 4's on these grids, against the low-rank law")
