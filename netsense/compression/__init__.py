@@ -126,7 +126,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
             step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
-            probe_cap=c["probeCap"], topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0,
+            topk_scale=c["convTopkPrior"] if has_conv(model) else 1.0,
             penalties=read_penalties(c.get("penalties"))),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":

@@ -373,10 +373,6 @@ COMPRESSION = Union("method", {
                                    "ordinary step; false: the probe sends that many more of the residual's "
                                    "largest entries (dense above the dense step's bytes), releasing its backlog"),
                           default=False),
-        "probeCap": F(Bool(doc="a probe sends at most 4 ordinary steps' worth of bytes at the estimated rate "
-                               "(it stops the startup's doubling, which on a slow link that moves sent probes "
-                               "of 17-25 steps' time; asked on development data and not adopted: "
-                               "testbed/EVALUATION.md); false: up to a dense fp16 step's bytes"), default=False),
         "adaptiveProbing": F(Bool(doc="each probe that finds nothing doubles the spacing to the next (up to 8 x "
                                       "probeEvery), a change brings it back to probeEvery; false: every "
                                       "probeEvery steps"), default=True),
