@@ -421,9 +421,9 @@ def link_steps(c: TimeToAccuracyController, link: SimulatedLink, steps: int) -> 
     return probes
 
 
-def steps_to_find(c: TimeToAccuracyController, link: SimulatedLink, limit: int) -> int:
+def steps_to_find(c: TimeToAccuracyController, link: SimulatedLink, limit: int, fraction: float = 0.8) -> int:
     steps = 0
-    while c.sensor.bandwidth < 0.8 * link.rate:
+    while c.sensor.bandwidth < fraction * link.rate:
         link_steps(c, link, 1)
         steps += 1
         assert steps <= limit, f"still {c.sensor.bandwidth / MBIT:.0f} Mbit after {limit} steps at {link.rate / MBIT:.0f}"
@@ -435,11 +435,11 @@ def jittery(mbit: float, seed: int = 0) -> SimulatedLink:
     return SimulatedLink(mbit, fixed=0.005, skew=0.02, seed=seed)
 
 
-@pytest.mark.parametrize("cap", [False, True])
-def test_tta_finds_freed_capacity_within_10_steps(cap):
-    """A 20 -> 200 Mbit rise, probed every probeEvery steps (adaptiveProbing off: the probes' sizing); with
-    probeCap as without it."""
-    c = tta(1_100_000, 2, adaptive_probing=False, probe_cap=cap)
+def test_tta_finds_freed_capacity_within_10_steps():
+    """A 20 -> 200 Mbit rise, probed every probeEvery steps (adaptiveProbing off: the probes' sizing): each probe
+    bounded by the 20 Mbit floor reads only a lower bound, and the next, sized from the floor it raised, reads
+    further."""
+    c = tta(1_100_000, 2, adaptive_probing=False)
     link_steps(c, jittery(20), 40)
     assert c.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
     steps_to_find(c, jittery(200, seed=1), 10)
@@ -447,7 +447,7 @@ def test_tta_finds_freed_capacity_within_10_steps(cap):
 
 def test_tta_backs_off_probing_a_quiet_link_and_probes_again_once_it_changes():
     """Probes cost a step or more and find nothing on a quiet link: they back off to one in 64 steps, and
-    a drop the steps show brings them back to every probeEvery steps, so the link's return is found at once."""
+    a drop the steps show brings them back to every probeEvery steps, so the link's return is found soon."""
     fixed, adaptive = tta(1_100_000, 2, adaptive_probing=False), tta(1_100_000, 2)
     for c in (fixed, adaptive):  # the first step's 64 kB and the startup probes that double from it
         assert link_steps(c, jittery(200), 12) >= 5
@@ -459,7 +459,9 @@ def test_tta_backs_off_probing_a_quiet_link_and_probes_again_once_it_changes():
     link_steps(adaptive, jittery(20, seed=1), 20)  # a drop: sensed by the steps themselves, no probe needed
     assert adaptive.sensor.bandwidth == pytest.approx(20 * MBIT, rel=0.25)
     assert adaptive.probe_spacing() <= 16
-    steps_to_find(adaptive, jittery(200, seed=2), 10)
+    # the next probe is at most 8 steps away, and probes bounded to 2 steps at the 20 Mbit floor read a 10x rise
+    # in rounds, each sized from the floor the last one raised, to within a quarter of it (the rest a probe later)
+    steps_to_find(adaptive, jittery(200, seed=2), 10, fraction=0.75)
 
 
 class ColdFirstProbe(SimulatedLink):
@@ -476,13 +478,12 @@ class ColdFirstProbe(SimulatedLink):
         return super().busy(wire_bytes) + (self.extra if self.calls == 2 else 0.0)
 
 
-@pytest.mark.parametrize("cap", [False, True])
-def test_one_slow_startup_probe_does_not_end_the_startup(cap):
+def test_one_slow_startup_probe_does_not_end_the_startup():
     """The startup probes once more, at the same size, after a probe that found nothing: ended by that one probe
     it left the estimate at a fifth of the link, and the probes after it, sized from that estimate, were too
     small to raise it (two runs in twenty held PowerSGD rank 4 for 17 and 81 steps where rank 8 was cheaper).
-    probeCap leaves this alone: the first probes are far below 4 steps' bytes."""
-    c, link = tta(1_100_000, 2, probe_cap=cap), ColdFirstProbe(300, extra=0.025)
+    The probes' bound leaves this alone: the first probes are far below 2 steps' bytes."""
+    c, link = tta(1_100_000, 2), ColdFirstProbe(300, extra=0.025)
     link_steps(c, link, 2)
     assert c.sensor.bandwidth < 0.3 * link.rate  # the first probe read the cold connection
     assert c.starting and c.reprobe
@@ -503,11 +504,11 @@ def test_a_startup_probe_as_large_as_a_dense_step_is_not_repeated():
     assert c.sensor.bandwidth == pytest.approx(link.rate, rel=0.25)
 
 
-def startup_probes(cap: bool, rates: list[float]) -> list[tuple[float, float]]:
+def startup_probes(rates: list[float]) -> list[tuple[float, float]]:
     """(wire bytes, busy seconds) of each probe of a 3-worker run over a link at these rates a step (20-40 ms of
     fixed time, 45 ms of compute: set 5's CNN on its 3-worker link)."""
     n, world = 2_180_000, 3
-    c = tta(n, world, step_law="power", probe_padding=True, probe_cap=cap)
+    c = tta(n, world, step_law="power", probe_padding=True)
     probes = []
     for i, mbit in enumerate(rates):
         d = c.decide()
@@ -521,22 +522,59 @@ def startup_probes(cap: bool, rates: list[float]) -> list[tuple[float, float]]:
     return probes
 
 
-def test_a_capped_probe_sends_at_most_four_steps_and_ends_the_startup_there():
-    """probeCap: the startup's doubling stops at 4 ordinary steps on the wire at the estimate. On a link that
-    reads 70 Mbit/s to small probes and then falls to 30 (dev-rerun-set5, s814: probes of 4.4 and 5.8 MB took
-    1.1 and 1.7 s), the uncapped startup doubles to a dense step's bytes; capped, it stops at a few steps' time,
-    and a probe there that finds nothing ends the startup (no second round at the same size)."""
-    rates = [15] + [70] * 4 + [30] * 20
-    plain, capped = startup_probes(False, rates), startup_probes(True, rates)
-    assert max(t for _, t in plain) > 1.0
-    assert max(t for _, t in capped) < 0.7
-    assert sum(t for _, t in capped) < sum(t for _, t in plain) - 0.5
-    assert len(capped) <= len(plain)
+def test_the_startup_s_doubling_stops_at_a_few_steps_and_ends_there():
+    """On a link that reads 70 Mbit/s to small probes and then falls to 30 (dev-rerun-set5, s814: the unbounded
+    startup doubled to probes of 4.4 and 5.8 MB that took 1.1 and 1.7 s), the doubling stops at a few steps'
+    time, and a probe there that finds nothing ends the startup (no second round at the same size)."""
+    probes = startup_probes([15] + [70] * 4 + [30] * 20)
+    assert max(t for _, t in probes) < 0.5
+    assert sum(t for _, t in probes) < 1.5
+    assert max(b for b, _ in probes) < 2.5e6
 
 
-@pytest.mark.parametrize("cap", [False, True])
-def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing(cap):
-    c = tta(1_100_000, 2, probe_cap=cap)
+def swinging(seed: int, steps: int, hold: int = 10, low: float = 20, high: float = 300) -> list[float]:
+    """A link's rate a step (Mbit/s): a seeded random walk between low and high moving by up to half the range every
+    ``hold`` steps (the profiles' fluctuating type, 1 s periods at ~100 ms steps)."""
+    rng, rates = random.Random(seed), []
+    rate = rng.uniform(low, high)
+    for i in range(steps):
+        if i and i % hold == 0:
+            rate = min(high, max(low, rate + rng.uniform(-0.5, 0.5) * (high - low)))
+        rates.append(rate)
+    return rates
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("seed", range(4))
+def test_on_a_swinging_link_a_probe_costs_a_few_steps(world, seed):
+    """20-300 Mbit/s swinging every 10 steps, 1.84M parameters (the digits32 MLP), the fixed time two and four
+    workers show on two cores (5-25 and 20-50 ms). Probes bounded to 2 steps at the slowest rate the link held
+    lately, or what the last steps say it does now: no probe step takes over 5.5x the ordinary steps around it,
+    and the probes' time beyond an ordinary step's is under 8% of the run. Unbounded (sized to read the link
+    at the peak it last read), probes went out in troughs at 6-9x the steps around them, 8-11% of the run."""
+    n, compute = 1_840_000, 0.05
+    fixed, skew = (0.005, 0.02) if world == 2 else (0.02, 0.03)
+    c, rng = tta(n, world), random.Random(seed + 1000)
+    steps: list[tuple[float, bool]] = []
+    for mbit in swinging(seed, 600):
+        d = c.decide()
+        wire = sparse_allgather_bytes(math.ceil((d.density + d.pad) * n), world, d.fp16) if not d.dense else \
+            dense_allreduce_bytes(n, world, d.fp16)
+        busy = fixed + rng.uniform(0, skew) + wire / (mbit * MBIT)
+        k = 0 if d.dense else d.density * n
+        steps.append((compute + busy + 0.001 + k * 2e-9, c.probing))
+        c.update(StepMeasurement(wire, wire, busy, compute, 1.0, 0.001 + k * 2e-9, k))
+    ordinary = statistics.median(t for t, probe in steps if not probe)
+    extra = sum(t - ordinary for t, probe in steps if probe)
+    assert extra < 0.08 * sum(t for t, _ in steps)
+    for i, (t, probe) in enumerate(steps[10:], start=10):  # after the startup
+        if probe:
+            around = statistics.median(u for j, (u, q) in enumerate(steps) if abs(j - i) <= 6 and not q)
+            assert t < 5.5 * around, f"step {i}: a probe of {t:.3f} s among steps of {around:.3f}"
+
+
+def test_tta_finds_a_rise_after_a_quiet_spell_within_the_longest_spacing():
+    c = tta(1_100_000, 2)
     link_steps(c, jittery(20), 300)
     assert c.probe_spacing() == 64
     steps_to_find(c, jittery(200, seed=1), 64 + 10)

@@ -264,7 +264,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
                                "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
-                               "adaptiveProbing": True, "probePadding": False, "probeCap": False, "lowRanks": [],
+                               "adaptiveProbing": True, "probePadding": False, "lowRanks": [],
                                "lowRankKnee": 2.3,
                                "lowRankMomentumCorrection": False}
     # ... and one recorded (status.appliedSpec) with the settings since removed, at their defaults, filled in

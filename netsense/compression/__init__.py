@@ -121,7 +121,6 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
             probe_gain=c["probeGain"], min_density=c["minDensity"], adaptive_probing=c["adaptiveProbing"],
             low_ranks={r: layout(shapes, r) for r in c["lowRanks"]}, lowrank_knee=c["lowRankKnee"],
             step_law=c["stepLaw"], density_exponent=c["densityExponent"], probe_padding=c["probePadding"],
-            probe_cap=c["probeCap"],
             penalties=read_penalties(c.get("penalties"))),
     }[method]()
     if policy is not None and next(model.parameters()).device.type == "cpu":

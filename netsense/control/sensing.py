@@ -53,6 +53,18 @@ A step whose collectives run one after another (PowerSGD: the P's all_reduce, wa
 once for each: ``observe(..., rounds=2)`` reads its left-over time as 2 L and predicts it as 2 L + D / B, so that
 ``fixed`` stays one collective's L whichever family ran (read as one, a PowerSGD step's L was twice a TopK step's).
 
+What a controller plans with is not BtlBw. A max filter holds a link's last peak, and a link that swings
+(20-300 Mbit/s, a new rate every second) spends most of its time below it: priced at the peak, tta ran at
+3.5-10% density where 0.3% TopK or PowerSGD was fastest, and sized probes that took a second when they went
+out in a trough. A payload's expected seconds over the next steps are its bytes times the mean of 1/B, so
+``sustained`` is the harmonic mean of the rates the link was seen to hold since it last rose (measuring samples
+and drops; a rise, an app-limited step that reads above BtlBw or a measuring one above it by more than a sample's
+error, says the link holds at least that now and restarts them), never above BtlBw (after a drop BtlBw is the drop's rate at once); BtlBw itself until
+``SUSTAINED_MIN`` are in. So a startup's probes, each a raise, plan at the latest, and on a swinging link the
+troughs read since its last rise pull the plan down (a sample within its own error of BtlBw counts as BtlBw:
+a steady link is planned at BtlBw). ``floor`` is the least of them: the slowest the link was
+seen lately, what a probe's cost is bounded by (tta).
+
 RTprop, the least busy time of a recent step, is the paper's; BDP = BtlBw x RTprop.
 """
 
@@ -88,6 +100,7 @@ class LinkEstimator:
     """
 
     LEARN_FIXED = 3  # steps of residuals before L is trusted
+    SUSTAINED_MIN = 2  # measured rates before ``sustained`` is their harmonic mean rather than BtlBw
 
     def __init__(self, window: int = 10, fill: float = 4.0, drop_after: int = 2, memory: int = 16):
         self.fill, self.drop_after = fill, drop_after
@@ -98,6 +111,7 @@ class LinkEstimator:
         # short L.
         self.steps: deque[tuple[float, float, int]] = deque(maxlen=memory)
         self.slow: list[float] = []  # implied rates of the slow steps running
+        self.measured: deque[float] = deque(maxlen=window)  # rates the link held since it last rose
         self.last_sample = ""
 
     @property
@@ -145,6 +159,38 @@ class LinkEstimator:
         return self.fill * self.fixed * self.bandwidth
 
     @property
+    def sustained(self) -> float:
+        """A rate the link will hold over the next steps (bytes/s): the harmonic mean of the rates it held since
+        it last rose, never above BtlBw; BtlBw until SUSTAINED_MIN are in."""
+        b = self.bandwidth
+        if len(self.measured) < self.SUSTAINED_MIN:
+            return b
+        # A measuring sample reads the link low by up to its unmeasured fixed part, at most 1 / (1 + 1/fill) of it
+        # (0.8 at fill 4): one within that of BtlBw read the same link, and counts as BtlBw. Only slower ones (a
+        # trough, a drop) pull the plan down; a steady link is planned at BtlBw.
+        same = b / (1 + 1 / self.fill)
+        return min(b, len(self.measured) / sum(1 / (b if r >= same else r) for r in self.measured))
+
+    @property
+    def floor(self) -> float:
+        """The least rate the link held since it last rose, bytes/s (0 before any)."""
+        return min(self.measured, default=0.0)
+
+    RECENT_STEPS = 3  # steps whose rates say what the link does now (``recent``)
+
+    @property
+    def recent(self) -> float:
+        """What the last steps say the link does now, bytes/s: the median of their bytes over their busy time less
+        the fixed part's lower quartile. Conservative: an app-limited step reads under the link (its fixed part
+        longer than the quartile), so it is a rate the link surely has; after a fall that the small steps cannot
+        prove (twice their prediction), it is the fall's. 0 before any step."""
+        steps = list(self.steps)[-self.RECENT_STEPS:]
+        if not steps:
+            return 0.0
+        low = self.fixed_low
+        return statistics.median(d / max(t - n * low, t / 2) for d, t, n in steps)
+
+    @property
     def rtt(self) -> float:
         """RTprop: the least busy time of a recent step, seconds."""
         return self.rtprop.value()
@@ -153,9 +199,9 @@ class LinkEstimator:
     def bdp(self) -> float:
         return self.bandwidth * self.rtt
 
-    def observe(self, wire_bytes: float, busy_seconds: float, rounds: int = 1) -> None:
-        """One step: the bytes its collectives put on the wire, the time they were busy, and how many ran one
-        after another (each pays L)."""
+    def observe(self, wire_bytes: float, busy_seconds: float, rounds: int = 1, probe: bool = False) -> None:
+        """One step: the bytes its collectives put on the wire, the time they were busy, how many ran one after
+        another (each pays L), and whether it was a probe (sent to read the link: slow, it is the drop itself)."""
         if wire_bytes <= 0 or busy_seconds <= 0:
             return
         d, t = wire_bytes, busy_seconds
@@ -176,21 +222,29 @@ class LinkEstimator:
         if known and t > 2 * (rounds * limit + d / b):
             self.slow.append(d / max(t - rounds * fixed, t / 2))
             self.last_sample = "slow"
-            # A measuring payload twice as slow as predicted is the drop itself, not a rank held up: it is a
-            # probe's, sent because the small steps cannot lower the estimate, and the next one is steps away.
-            if len(self.slow) >= self.drop_after or d / b >= self.fill * limit:
+            # A probe (or a measuring payload) twice as slow as predicted is the drop itself, not a rank held up: it
+            # was sent because the small steps cannot lower the estimate, and the next one is steps away. A probe
+            # bounded to a few steps' time (tta) may be too small to be a measuring payload at the old estimate.
+            if len(self.slow) >= self.drop_after or probe or d / b >= self.fill * limit:
                 self.btlbw.clear()
                 self.btlbw.add(max(self.slow))
+                self.measured.append(max(self.slow))
                 self.steps.clear()
                 self.slow.clear()
                 self.last_sample = "drop"
             return
         self.slow.clear()
         if known and d / b >= self.fill * fixed:
-            self.btlbw.add(d / max(t - rounds * self.fixed_low, t / 2))
+            sample = d / max(t - rounds * self.fixed_low, t / 2)
+            if sample > (1 + 1 / self.fill) * b:  # above BtlBw by more than a sample's error: the link rose
+                self.measured.clear()
+            self.btlbw.add(sample)
+            self.measured.append(sample)
             self.last_sample = "measure"
         elif rate > b:
             self.btlbw.add(rate)
+            self.measured.clear()  # the link holds at least this now: the slower rates read before are history
+            self.measured.append(rate)
             self.last_sample = "raise"
         else:
             self.last_sample = "app-limited"

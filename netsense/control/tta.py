@@ -134,22 +134,26 @@ twice the estimate would be run another way was tried and dropped: L is not
 known yet during the startup, the prices it compares leave the fixed time
 out, and a simulated cold start at 300 Mbit/s skipped the very probe.
 
-The startup's doubling has no bound but a dense fp16 step, and on a slow link that moves it is dear: on
-set 5's 3-worker link (dev-rerun-set5, s814) the estimate rose 16 -> 24 -> 45 -> 59 Mbit/s as probes
-of 0.1-1.4 MB read past the fixed time, and the next two, doubled from there to 4.4 and 5.8 MB, went out
-as the link fell to 30 Mbit/s and took 1.1 and 1.7 s, 17 and 25 ordinary steps; over that scenario the
-probes cost 1.5 s a run of 8.3. What they buy is small: near its optimum the cost is flat (with the power
-law a density off by 2x, a bandwidth off by 2x, costs about 2% a step). With ``probe_cap`` (spec:
-probeCap) a probe's payload is at most ``PROBE_STEPS`` (4) ordinary steps on the wire at the estimated
-rate (``probe_limit``): never less than the probe at scale 1 (the link's read needs fill x L, 4 x L, and
-a step takes at least L), so it bounds only the doubling. A startup probe at that bound which finds
-nothing ends the startup, as one at a dense step's bytes does (the second round at the same size is for a
-first, small probe on a cold connection). Asked on development data (dev-probecap-set2..5, paired by
-seed, testbed/EVALUATION.md) and not adopted by the rule registered with it: it halved the probes' time
-where the startup had doubled into a drop (set 5's link: 1.61 -> 0.82 s a run, 0.90 [0.81, 0.99] of the
-time to accuracy), hardly acted on the MLPs' links, and on set 4's link, which moves 20x every half
-second, did not hold the cost down (1.08 -> 1.41 s, 1.07 [0.84, 1.38]): at a high estimate 4 steps are
-still megabytes, and a probe costs what the link does when it goes out. Off by default.
+Probes that cost what they may. A probe that reads the link must stand out of the fixed time (fill x L on
+the wire), and where L is long that is megabytes: on a link swinging 20-300 Mbit/s at 4 workers (L 40-50 ms
+on two cores) the probes were dense fp16 steps (5.5 MB), 0.3-1.3 s each when they went out in a trough, 14-30%
+of the run, and the estimate they left (the swing's peak, a max filter) priced the density at 3-7%. On set 5's
+3-worker link the startup's doubling sent 4.4 and 5.8 MB as the link fell (1.1 and 1.7 s, 17 and 25 steps).
+What they buy is small: near its optimum the cost is flat (a bandwidth off by 2x costs about 2% a step). So:
+
+- a probe's payload is at most ``PROBE_STEPS`` (2) ordinary steps of the chosen option on the wire at the
+  slowest rate the link held lately (``probe_limit``, LinkEstimator.floor), never less than ``probe_gain``
+  x the step's own payload: in a trough it costs about that many steps more, not a dense step. Where that
+  is too small to read the link its sample is app-limited and can only raise the estimate; the next probe,
+  sized from the raised floor, reads further (a rise is found in a few probes, not one);
+- the decision prices every option at LinkEstimator.sustained, the harmonic mean of the rates the link held
+  since it last rose (a payload's expected seconds are its bytes x the mean of 1/B), not at BtlBw, the peak.
+
+A startup probe at the bound which finds nothing ends the startup, as one at a dense step's bytes does
+(the second round at the same size is for a first, small probe on a cold connection). An earlier bound,
+4 ordinary steps at BtlBw (spec probeCap, off by default), halved the probes' time on set 5's link but not
+on set 4's, which moves 20x every half second (1.08 -> 1.41 s a run): at the peak 4 steps are still
+megabytes, and a probe costs what the link does when it goes out; the floor is what this bound adds.
 
 A probe costs a step's worth of time or more (its payload must stand out
 of the fixed time: on evaluation set 4's CNN the probes took 2x a step and
@@ -198,23 +202,23 @@ class TimeToAccuracyController(Policy):
 
     MAX_PROBE_SPACING = 8  # x probe_every: the longest a quiet link goes unprobed (64 steps by default)
     STARTUP_ROUNDS = 2  # probes in a row that find under REPROBE_GAIN x more before the startup ends
-    # With probe_cap: a probe's payload is at most this many ordinary steps on the wire at the estimated rate. Never
-    # less than what the link needs to be read (LinkEstimator.fill = 4 x L, and a step takes at least L): it stops
-    # only the startup's doubling.
-    PROBE_STEPS = 4
+    # A probe's payload is at most this many ordinary steps on the wire at the slowest rate the link held lately
+    # (probe_limit), never less than probe_gain x the step's own: where it goes out in a trough it costs at most
+    # about this many steps more (module docstring, "Probes that cost what they may").
+    PROBE_STEPS = 2
 
     def __init__(self, numel: int, world: int, knee: float = 0.003, window=10,
                  probe_every=8, probe_gain=2.0, min_density=0.001, adaptive_probing: bool = True, fp16: bool = True,
                  low_ranks: dict[int, tuple[list[tuple[int, int]], int]] | None = None, lowrank_knee: float = 2.3,
                  step_law: str = "inverse", density_exponent: float = 0.109, probe_padding: bool = False,
-                 probe_cap: bool = False, penalties: Penalties | None = None):
+                 penalties: Penalties | None = None):
         self.numel, self.world = numel, world
         if step_law not in ("inverse", "power"):
             raise ValueError(f"step_law {step_law!r}: inverse or power")
         # This task's measured steps factors (netsense calibrate): where given, the priors below are unused.
         self.penalties = penalties
         self.step_law, self.density_exponent = step_law, density_exponent
-        self.probe_padding, self.probe_cap = probe_padding, probe_cap
+        self.probe_padding = probe_padding
         # PowerSGD's options: rank -> (the matrices it compresses, the elements it sends whole), largest rank first
         # (of two options within the tolerance, the least compression wins); none: TopK and dense only.
         self.low_ranks = dict(sorted((low_ranks or {}).items(), reverse=True))
@@ -248,7 +252,8 @@ class TimeToAccuracyController(Policy):
     def update(self, m: StepMeasurement) -> None:
         before = self.sensor.bandwidth
         lowrank = bool(self.last.rank) and not self.last.dense
-        self.sensor.observe(m.wire_bytes, m.comm_seconds, rounds=2 if lowrank else 1)  # PowerSGD: two in a row
+        # PowerSGD: two collectives in a row; a probe's slowness is a drop at once (sensing's module docstring)
+        self.sensor.observe(m.wire_bytes, m.comm_seconds, rounds=2 if lowrank else 1, probe=self.probing)
         # After the first step's small probe (first()) its sample "found more": the startup probes follow it,
         # doubling while they do.
         self.reprobe = (before > 0 or self.probing) and self.sensor.bandwidth > self.REPROBE_GAIN * before
@@ -274,7 +279,7 @@ class TimeToAccuracyController(Policy):
         self.compute_s = smoothed(self.compute_s, m.compute_seconds)
 
     def _wire_per_element(self) -> float:
-        return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.bandwidth
+        return (self.world - 1) * (VALUE_BYTES[self.fp16] + INDEX_BYTES) / self.sensor.sustained
 
     def step_law_factor(self, density: float) -> float:
         """TopK's steps at this density over the dense steps, by the step law alone."""
@@ -320,7 +325,7 @@ class TimeToAccuracyController(Policy):
 
     def step_seconds(self, d: Decision) -> float:
         """Predicted seconds of one step under decision d (compute, the compressor's own work, the wire)."""
-        bw = self.sensor.bandwidth
+        bw = self.sensor.sustained
         if d.dense:
             return self.compute_s + self.sensor.fixed + dense_allreduce_bytes(self.numel, self.world, d.fp16) / bw
         if d.rank:
@@ -342,11 +347,12 @@ class TimeToAccuracyController(Policy):
         return self.steps_factor(d.density) * self.step_seconds(d)
 
     def probe_limit(self, chosen: Decision) -> float:
-        """The most bytes a probe may send with ``probe_cap``: PROBE_STEPS ordinary steps of ``chosen`` on the
-        wire at the estimated rate (no limit without it)."""
-        if not self.probe_cap:
-            return math.inf
-        return self.PROBE_STEPS * self.step_seconds(chosen) * self.sensor.bandwidth
+        """The most bytes a probe may send: PROBE_STEPS ordinary steps of ``chosen`` on the wire at the slowest
+        rate the link held lately (LinkEstimator.floor; the estimate before any was measured) or, if lower, what
+        the last steps say it does now (LinkEstimator.recent)."""
+        rate = self.sensor.floor or self.sensor.bandwidth
+        recent = self.sensor.recent
+        return self.PROBE_STEPS * self.step_seconds(chosen) * (min(rate, recent) if recent > 0 else rate)
 
     def decide(self) -> Decision:
         if self.world == 1:
@@ -399,11 +405,12 @@ class TimeToAccuracyController(Policy):
             return self.probe_every
         return self.probe_every * min(self.MAX_PROBE_SPACING, 2 ** self.quiet_probes)
 
-    def doubled(self, unscaled: float, limit: float) -> tuple[float, bool]:
-        """A probe's size (in ``unscaled``'s units): the startup's doubling (``probe_scale``) of it, stopped at
-        ``limit`` (probe_limit) but never below ``unscaled``; and whether the limit stopped it."""
-        scaled = self.probe_scale * unscaled
-        size = min(scaled, max(unscaled, limit))
+    def doubled(self, wanted: float, least: float, limit: float) -> tuple[float, bool]:
+        """A probe's size (in ``wanted``'s units): the startup's doubling (``probe_scale``) of what reading the
+        link wants, stopped at ``limit`` (probe_limit) but never below ``least`` (probe_gain x the step's own
+        payload); and whether the limit stopped it."""
+        scaled = self.probe_scale * max(wanted, least)
+        size = min(scaled, max(least, limit))
         return size, size < scaled
 
     def probe(self, density: float, limit: float = math.inf) -> Decision:
@@ -420,8 +427,8 @@ class TimeToAccuracyController(Policy):
         The startup's doubling (``probe_scale``) stops at ``limit`` bytes (probe_limit), never below the probe
         at scale 1; a probe it bounded is capped (``probe_capped``), as one at a dense step's bytes is."""
         per_element = sparse_allgather_bytes(1, self.world, fp16=self.fp16)
-        unscaled = max(density * self.probe_gain, self.sensor.probe_bytes / per_element / self.numel)
-        d, bounded = self.doubled(unscaled, limit / per_element / self.numel)
+        d, bounded = self.doubled(self.sensor.probe_bytes / per_element / self.numel, density * self.probe_gain,
+                                  limit / per_element / self.numel)
         dense_bytes = dense_allreduce_bytes(self.numel, self.world, fp16=self.fp16)
         self.probe_capped = bounded or d * self.numel * per_element >= dense_bytes
         if self.probe_padding:
@@ -439,7 +446,7 @@ class TimeToAccuracyController(Policy):
         19% TopK probe after 15 steps at rank 4 dropped the test accuracy from 0.67 to 0.56)."""
         matrices, whole = self.low_ranks[rank]
         own = lowrank_allreduce_bytes(matrices, whole, rank, self.world, self.fp16)
-        wanted, bounded = self.doubled(max(own * self.probe_gain, self.sensor.probe_bytes), limit)
+        wanted, bounded = self.doubled(self.sensor.probe_bytes, own * self.probe_gain, limit)
         cap = dense_allreduce_bytes(self.numel, self.world, fp16=True)
         target, self.probe_capped = min(wanted, cap), bounded or wanted >= cap
         pad = max(0.0, target - own) / dense_allreduce_bytes(1, self.world, self.fp16)

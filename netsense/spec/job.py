@@ -56,6 +56,9 @@ REMOVED_TTA = {
     "familyPilotExponent": (1.70, "the family pilot's reading -> steps ratio exponent"),
     "convTopkPrior": (1.0, "TopK's prior x this on models with convolutions: 0.98 and 1.11x the time without it on the "
                            "third fresh set"),
+    # Item 5's: the bound on probes is always on now (2 ordinary steps at the rate the link held lately).
+    "probeCap": (False, "a probe at most 4 ordinary steps at the peak rate: not adopted on dev-probecap-set2..5; every "
+                        "probe is bounded now (issue 62, item 5)"),
 }
 REMOVED_AT = "8e920e0fa63780cfa321c8a96695848134075ecf"
 SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
@@ -353,10 +356,6 @@ COMPRESSION = Union("method", {
                                    "ordinary step; false: the probe sends that many more of the residual's "
                                    "largest entries (dense above the dense step's bytes), releasing its backlog"),
                           default=False),
-        "probeCap": F(Bool(doc="a probe sends at most 4 ordinary steps' worth of bytes at the estimated rate "
-                               "(it stops the startup's doubling, which on a slow link that moves sent probes "
-                               "of 17-25 steps' time; asked on development data and not adopted: "
-                               "testbed/EVALUATION.md); false: up to a dense fp16 step's bytes"), default=False),
         "adaptiveProbing": F(Bool(doc="each probe that finds nothing doubles the spacing to the next (up to 8 x "
                                       "probeEvery), a change brings it back to probeEvery; false: every "
                                       "probeEvery steps"), default=True),
