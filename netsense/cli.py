@@ -216,18 +216,40 @@ def _numbers(text: str, kind: type, flag: str) -> tuple:
 def cmd_calibrate(args) -> int:
     from netsense.bench import calibration
 
+    try:
+        return _calibrate(args, calibration)
+    except BaseException as e:  # what a cluster's job says as its reason (its pod's termination message)
+        if args.termination_log and not isinstance(e, SystemExit):
+            calibration.write_message(args.termination_log, f"calibration failed: {e}")
+        raise
+
+
+def _calibrate(args, calibration) -> int:
+    from netsense.spec.job import CALIBRATION, Errors
+
     job = load_job(args.job)
-    check_local(job)
-    if args.seeds < 1 or args.steps < 10 or args.rungs < 1 or args.parallel < 1:
+    # Its network and penalties are not used (the runs are simulated, with their own link), and its mode is why
+    # it is here: the rest as netsense run checks it.
+    job.compression.pop("penalties", None)
+    check_local(type(job)(job.name, {**job.spec, "mode": "train"}))
+    given = job.spec.get("calibration") or CALIBRATION.parse({}, "spec.calibration", Errors())
+    seeds_n = given["seeds"] if args.seeds is None else args.seeds
+    steps = given["steps"] if args.steps is None else args.steps
+    rungs = given["rungs"] if args.rungs is None else args.rungs
+    parallel = given["parallel"] if args.parallel is None else args.parallel
+    if seeds_n < 1 or steps < 10 or rungs < 1 or parallel < 1:
         raise SpecError([Issue("--seeds/--steps/--rungs/--parallel", "at least 1 seed, 10 steps, 1 rung and 1 run "
                                                                      "at a time")])
+    densities = tuple(given["densities"]) if args.densities is None else _numbers(args.densities, float, "--densities")
+    ranks = tuple(given["ranks"]) if args.ranks is None else _numbers(args.ranks, int, "--ranks")
     out = args.out or os.path.join("runs", "calibrate", job.name)
-    seeds = [job.training["seed"] + i for i in range(args.seeds)]
-    profile, path = calibration.calibrate(
-        job, out, seeds=seeds, budget=args.steps, rungs=args.rungs, parallel=args.parallel,
-        densities=_numbers(args.densities, float, "--densities"), ranks=_numbers(args.ranks, int, "--ranks"))
+    seeds = [job.training["seed"] + i for i in range(seeds_n)]
+    profile, path = calibration.calibrate(job, out, seeds=seeds, budget=steps, rungs=rungs, parallel=parallel,
+                                          densities=densities, ranks=ranks)
     print("\n".join(calibration.summary_lines(profile)))
     print(f"netsense: wrote {path} (use it: spec.compression.penalties with method tta)", file=sys.stderr)
+    if args.termination_log:
+        calibration.write_message(args.termination_log, calibration.message(profile))
     return 0
 
 
@@ -327,16 +349,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", help="NetSenseJob YAML file (its network is ignored: the runs are simulated)")
     s.add_argument("--out", metavar="DIR", help="output directory (default runs/calibrate/NAME); every run is kept "
                                                 "under DIR/runs/")
-    s.add_argument("--seeds", type=int, default=2, metavar="N", help="seeds per option, from the job's seed on "
-                                                                     "(default 2)")
-    s.add_argument("--steps", type=int, default=200, metavar="B", help="rung 0's step budget per run (default 200); "
-                                                                       "rung r's is B x 2^r")
-    s.add_argument("--rungs", type=int, default=3, metavar="R", help="successive-halving rungs (default 3)")
-    s.add_argument("--densities", default="0.01,0.003,0.001", metavar="D,D,...", help="TopK's densities "
-                                                                                     "(default 0.01,0.003,0.001)")
-    s.add_argument("--ranks", default="2,8", metavar="R,R,...", help="PowerSGD's ranks (default 2,8)")
-    s.add_argument("--parallel", type=int, default=2, metavar="N", help="runs at once (default 2: simulated runs "
-                                                                        "take a core a worker)")
+    s.add_argument("--seeds", type=int, metavar="N", help="seeds per option, from the job's seed on "
+                                                          "(default: spec.calibration.seeds, else 2)")
+    s.add_argument("--steps", type=int, metavar="B", help="rung 0's step budget per run (default: "
+                                                          "spec.calibration.steps, else 200); rung r's is B x 2^r")
+    s.add_argument("--rungs", type=int, metavar="R", help="successive-halving rungs (default: spec.calibration.rungs, "
+                                                          "else 3)")
+    s.add_argument("--densities", metavar="D,D,...", help="TopK's densities (default: spec.calibration.densities, "
+                                                          "else 0.01,0.003,0.001)")
+    s.add_argument("--ranks", metavar="R,R,...", help="PowerSGD's ranks (default: spec.calibration.ranks, else 2,8)")
+    s.add_argument("--parallel", type=int, metavar="N", help="runs at once (default: spec.calibration.parallel, "
+                                                             "else 2: simulated runs take a core a worker)")
+    s.add_argument("--termination-log", metavar="PATH", help="also write the profile there as one compact JSON line "
+                   "(at most 4096 bytes, a pod's termination message; over it, or on failure, the reason instead): "
+                   "how a cluster's calibrate job hands its profile to the operator")
     s.set_defaults(fn=cmd_calibrate)
 
     s = sub.add_parser("shape", help="shape an interface with tc, following a bandwidth profile",

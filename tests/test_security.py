@@ -260,11 +260,13 @@ def test_kubectl_apply_says_which_field_and_why(control_plane, ns, tmp_path):
 # ---- the fence (netsense/spec/fence.py): the operator's own check and the API server's, from one table ----------
 
 def _operators_pod(uid: str = "uid-1") -> dict:
-    """What the operator builds for a shaped job with an output volume: every container and mount the fence's
-    rules are about (the shaper with NET_ADMIN, the trainer's read-only view of the shaper's /tmp)."""
+    """What the operator builds for a shaped tta job with an output volume and a calibrated profile: every container
+    and mount the fence's rules are about (the shaper with NET_ADMIN, the trainer's read-only view of the shaper's
+    /tmp, the penalties ConfigMap)."""
     from netsense_operator import resources as res
 
-    job = parse_spec(_spec({"output": {"claimName": "runs"}}), "fenced")
+    job = parse_spec(_spec({"output": {"claimName": "runs"},
+                            "compression": {"method": "tta", "penalties": "configmap:fenced-penalties"}}), "fenced")
     return res.worker_pod(job, "ns", uid, 0, 0)
 
 
@@ -357,6 +359,27 @@ def test_the_operators_own_pods_keep_every_rule_of_the_fence():
 
     unshaped = parse_spec({k: v for k, v in SHAPED.items() if k != "network"}, "plain")
     assert fence.violations(res.worker_pod(unshaped, "ns", "uid", 1, 0)) == []
+    calibrating = parse_spec(_spec({"mode": "calibrate", "output": {"claimName": "runs"}}), "cal")
+    assert fence.violations(res.worker_pod(calibrating, "ns", "uid", 0, 0)) == []
+
+
+def test_the_calibration_pod_is_confined_as_the_trainer():
+    """A calibrate job's one pod: the worker image's trainer, as confined as a worker's (non-root, no capability,
+    no escalation, seccomp RuntimeDefault, no token), no shaper even where the job has a profile, no ports."""
+    from netsense_operator import resources as res
+
+    job = parse_spec(_spec({"mode": "calibrate", "compression": {"method": "tta",
+                                                                 "penalties": "configmap:other"}}), "cal")
+    pod, worker = res.worker_pod(job, "ns", "uid", 0, 0), res.worker_pod(parse_spec(_spec({}), "cal"), "ns", "uid", 0, 0)
+    (trainer,), (worker_trainer,) = pod["spec"]["containers"], worker["spec"]["containers"]
+    assert "initContainers" not in pod["spec"] and "ports" not in trainer
+    assert trainer["securityContext"] == worker_trainer["securityContext"]
+    for key in ("automountServiceAccountToken", "securityContext", "enableServiceLinks", "restartPolicy"):
+        assert pod["spec"][key] == worker["spec"][key]
+    assert trainer["command"][:3] == ["netsense", "calibrate", "/etc/netsense/job.json"]
+    assert trainer["command"][-2:] == ["--termination-log", "/dev/termination-log"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["netsense-job"]  # no penalties: a calibration reads none
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "calibrate"
 
 
 @pytest.mark.parametrize("what", sorted(BREAKS))

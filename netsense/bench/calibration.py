@@ -277,6 +277,29 @@ def summary_lines(profile: dict) -> list[str]:
     return lines
 
 
+MESSAGE_LIMIT = 4096  # bytes of a container's termination message (the kubelet cuts the rest)
+
+
+def message(profile: dict) -> str:
+    """The profile as one compact JSON line for a pod's termination message, which the operator reads into the
+    ConfigMap tta mounts; ValueError where it is over MESSAGE_LIMIT (never cut: a cut profile is no JSON)."""
+    text = json.dumps(profile, separators=(",", ":"))
+    size = len(text.encode())
+    if size > MESSAGE_LIMIT:
+        raise ValueError(f"the penalties profile is {size} bytes as one line, over a termination message's "
+                         f"{MESSAGE_LIMIT}: fewer seeds, densities or ranks (spec.calibration)")
+    return text
+
+
+def write_message(path: str, text: str) -> None:
+    """``text`` to ``path`` (a termination message), cut to MESSAGE_LIMIT bytes (a failure's reason may be long)."""
+    data = text.encode()
+    if len(data) > MESSAGE_LIMIT:
+        data = data[:MESSAGE_LIMIT - 3].decode(errors="ignore").encode() + b"..."
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
 def calibrate(job: Job, out_dir: str, **options) -> tuple[dict, str]:
     """Race the candidates (Race's options) and write OUT/penalties.json; returns the profile and its path."""
     os.makedirs(out_dir, exist_ok=True)

@@ -49,7 +49,7 @@ REFUSED_ANNOTATIONS = {
 }
 
 # The volumes the operator adds to every pod; a job may neither define nor mount one of its own under these names.
-OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp", "netsense-output")
+OPERATOR_VOLUMES = ("netsense-run", "netsense-job", "netsense-shaper-tmp", "netsense-output", "netsense-penalties")
 SHAPER_TMP_VOLUME = "netsense-shaper-tmp"  # the root shaper's /tmp: any other container sees it read-only
 
 # Pod Security "baseline" allows these SELinux types and nothing else (spc_t is a super-privileged container).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,6 +273,30 @@ def _values(doc: str = "how a sparse step's values travel: fp32 (4 bytes) or fp1
 
 _MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
 
+# spec.compression.penalties on a cluster: "configmap:NAME", a ConfigMap of the job's namespace holding the profile
+# under PENALTIES_KEY (netsense calibrate's penalties.json; what a calibrate job writes, <job>-penalties).
+CONFIGMAP_PREFIX = "configmap:"
+PENALTIES_KEY = "penalties.json"
+_CONFIGMAP_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+PENALTIES_CEL = {"rule": f"!has(self.penalties) || !self.penalties.startsWith('{CONFIGMAP_PREFIX}') || "
+                         f"(self.penalties.size() <= {len(CONFIGMAP_PREFIX) + 253} && "
+                         f"self.penalties.matches('^{CONFIGMAP_PREFIX}{_CONFIGMAP_NAME}$'))",
+                 "message": f"{CONFIGMAP_PREFIX}NAME names a ConfigMap: NAME is lower-case letters, digits, '-' and "
+                            "'.' (at most 253 characters)", "fieldPath": ".penalties"}
+
+
+def penalties_configmap(compression: dict) -> str | None:
+    """The ConfigMap a job's penalties name (``configmap:NAME``), or None (none, or a local file)."""
+    ref = compression.get("penalties")
+    return ref[len(CONFIGMAP_PREFIX):] if isinstance(ref, str) and ref.startswith(CONFIGMAP_PREFIX) else None
+
+
+def _check_penalties_ref(c: dict, path: str, errors: Errors) -> None:
+    name = penalties_configmap(c)
+    if name is not None and (len(name) > 253 or not re.match(f"^{_CONFIGMAP_NAME}$", name)):
+        errors.add(_join(path, "penalties"), f"{c['penalties']!r}: {PENALTIES_CEL['message']}")
+
+
 COMPRESSION = Union("method", {
     "allreduce": Obj({}, doc="plain DDP: the dense gradient, fp32"),
     "fp16": Obj({}, doc="torch's fp16 compression hook: the dense gradient as 16-bit values"),
@@ -372,11 +397,13 @@ COMPRESSION = Union("method", {
                                                 "PowerSGD r4's time where correcting it took 1.80x, level on the "
                                                 "static one: dev-pilot-set2-probes, -shared, "
                                                 "testbed/EVALUATION.md)"), default=False),
-        "penalties": F(Str(doc="a penalties profile written by netsense calibrate (a local file, relative to the job "
-                               "file): each option's steps to a loss milestone over dense fp16's, measured on this "
-                               "task; it replaces the steps priors above (kneeDensity, stepLaw, densityExponent, "
-                               "lowRankKnee)")),
-    }, checks=[_check_momentum], removed={k: (default, f"removed from tta (issue 62: not adopted; {why}); git keeps it: commit "
+        "penalties": F(Str(max_length=4096,
+                           doc="a penalties profile written by netsense calibrate: locally a file (relative to the "
+                               "job file), on a cluster configmap:NAME, a ConfigMap in the job's namespace with the "
+                               "key penalties.json (what a job with mode: calibrate writes, NAME <job>-penalties); "
+                               "each option's steps to a loss milestone over dense fp16's, measured on this task; it "
+                               "replaces the steps priors above (kneeDensity, stepLaw, densityExponent, lowRankKnee)")),
+    }, checks=[_check_momentum, _check_penalties_ref], cel=[PENALTIES_CEL], removed={k: (default, f"removed from tta (issue 62: not adopted; {why}); git keeps it: commit "
                                                      f"{REMOVED_AT[:12]} is the last with it")
                                           for k, (default, why) in REMOVED_TTA.items()},
        doc="our controller: each step, the density that minimizes the predicted time to accuracy "
@@ -517,7 +544,25 @@ def _check_procs(spec: dict, path: str, errors: Errors) -> None:
                    f"{gpus} GPU(s) for procsPerWorker: {procs} (one GPU a process where they run on CUDA)")
 
 
+MODES = ("train", "calibrate")
+CALIBRATION = Obj({
+    "seeds": F(Int(min=1, max=8, doc="seeds per option, from training.seed on"), default=2),
+    "steps": F(Int(min=10, max=100000, doc="rung 0's step budget per run; rung r's is steps x 2^r"), default=200),
+    "rungs": F(Int(min=1, max=6, doc="successive-halving rungs"), default=3),
+    "densities": F(ListOf(Float(min=0, max=1, exclusive_min=True), min_items=1, max_items=6,
+                          doc="TopK's densities"), default=lambda: [0.01, 0.003, 0.001]),
+    "ranks": F(ListOf(Int(min=1, max=64), min_items=1, max_items=6, doc="PowerSGD's ranks"),
+               default=lambda: [2, 8]),
+    "parallel": F(Int(min=1, max=16, doc="runs at once (a simulated run takes a core a worker: size "
+                                         "spec.resources to match on a cluster)"), default=2),
+}, doc="how mode: calibrate (and netsense calibrate, whose flags override it) races the options: dense fp16, TopK "
+       "at densities, PowerSGD at ranks, each to the same loss milestone on the simulated clock")
+
 SPEC = Obj({
+    "mode": F(Str(enum=MODES, doc="train (the default): the training run; calibrate: race the compression options "
+                                  "on this job's model, data, batch and lr (netsense calibrate; on a cluster one pod, "
+                                  "its profile into the ConfigMap <job>-penalties for tta's compression.penalties)")),
+    "calibration": F(CALIBRATION),
     "workers": F(Int(min=1, max=512, doc="worker pods (emulated hosts), each behind its own shaped link"), default=2),
     "procsPerWorker": F(Int(min=1, max=16, doc="training processes in each worker, torchrun-style: rank = worker x "
                                                "procsPerWorker + LOCAL_RANK, one GPU each (cuda:LOCAL_RANK); the "
@@ -573,6 +618,16 @@ class Job:
     @property
     def procs_per_worker(self) -> int:
         return self.spec.get("procsPerWorker") or 1
+
+    @property
+    def mode(self) -> str:
+        """train, or calibrate (race the compression options: netsense calibrate, or one pod on a cluster)."""
+        return self.spec.get("mode") or "train"
+
+    @property
+    def pods(self) -> int:
+        """The pods of one attempt on a cluster: a worker each, or the calibration's one."""
+        return 1 if self.mode == "calibrate" else self.workers
 
     @property
     def world(self) -> int:
@@ -684,7 +739,7 @@ def load_job(path: str) -> Job:
     job = parse_job(read_yaml(path, "job file"))
     if inline_trace_file(job.network.get("profile"), path, "spec.network.profile.file"):
         job = parse_job(job.manifest())  # re-validate the inlined points
-    if job.compression.get("penalties"):
+    if job.compression.get("penalties") and penalties_configmap(job.compression) is None:
         base = os.path.dirname(os.path.abspath(path))
         job.compression["penalties"] = os.path.join(base, job.compression["penalties"])
         check_penalties(job.compression["penalties"], "spec.compression.penalties")
@@ -728,6 +783,13 @@ def check_local(job: Job) -> None:
     if job.spec["suspend"]:
         raise SpecError([Issue("spec.suspend", "a local run cannot be suspended (it is for a cluster's queue); "
                                                "set it false or leave it out")])
+    if job.mode == "calibrate":
+        raise SpecError([Issue("spec.mode", "calibrate: netsense calibrate JOB races the options locally (netsense run "
+                                            "trains); on a cluster the operator runs it")])
+    if (name := penalties_configmap(job.compression)) is not None:
+        raise SpecError([Issue("spec.compression.penalties", f"configmap:{name} names a cluster's ConfigMap; locally "
+                                                             "give the file netsense calibrate wrote (penalties.json, "
+                                                             "relative to the job file)")])
     t = job.training
     if t["dataset"] in ("cifar10", "cifar100") and not os.path.isdir(t["dataPath"]):
         raise SpecError([Issue("spec.training.dataPath",
@@ -735,7 +797,10 @@ def check_local(job: Job) -> None:
 
 
 def check_cluster(job: Job) -> None:
-    """What only the emulated cluster can do: refused on a cluster, where the network between nodes is real."""
+    """What only the emulated cluster can do: refused on a cluster, where the network between nodes is real. A
+    calibrate job's network and penalties are not used (its runs are simulated, with their own link)."""
+    if job.mode == "calibrate":
+        return
     net, issues = job.network, []
     profile = net.get("profile")
     if profile and profile["type"] == "trace" and "file" in profile:
@@ -744,9 +809,12 @@ def check_cluster(job: Job) -> None:
     if net["topology"] == "shared":
         issues.append(Issue("spec.network.topology", "shared is the emulated cluster's switch; on a cluster "
                                                      "the nodes' own network is the shared link (use per-host)"))
-    if job.compression.get("penalties"):
+    if job.compression.get("penalties") and penalties_configmap(job.compression) is None:
         issues.append(Issue("spec.compression.penalties", "a penalties file is read locally (netsense run, "
-                                                          "netsense bench); a cluster's pods cannot read it"))
+                                                          "netsense bench); a cluster's pods cannot read it: name a "
+                                                          "ConfigMap, configmap:NAME (a calibrate job writes "
+                                                          "<job>-penalties; or kubectl create configmap NAME "
+                                                          "--from-file=penalties.json)"))
     if net["clock"] == "simulated":
         issues.append(Issue("spec.network.clock", "simulated is a study tool of netsense run and netsense bench; "
                                                   "a cluster's job runs on its real network (use real)"))

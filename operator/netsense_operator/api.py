@@ -201,3 +201,28 @@ def write_result(name: str, namespace: str, result: dict) -> None:
                                                        _content_type="application/json-patch+json")
     except ApiException as e:
         raise kopf.TemporaryError(f"writing the result: {api_message(e)}", delay=2) from e
+
+
+def check_penalties(name: str, namespace: str) -> str | None:
+    """Why a tta job's penalties ConfigMap (spec.compression.penalties: configmap:NAME) cannot serve it (None: it
+    can): missing, without penalties.json, or not a profile. Read once, when the job starts: a pod waiting for a
+    ConfigMap that is not there would wait without saying why."""
+    from netsense.control import penalties
+    from netsense.spec.job import PENALTIES_KEY
+
+    try:
+        cm = core().read_namespaced_config_map(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return (f"ConfigMap {name} does not exist in namespace {namespace} (a NetSenseJob with spec.mode: "
+                    f"calibrate writes <job>-penalties when it succeeds; or kubectl create configmap {name} "
+                    f"--from-file={PENALTIES_KEY})")
+        raise kopf.TemporaryError(f"reading ConfigMap {name}: {api_message(e)}", delay=5) from e
+    text = (cm.data or {}).get(PENALTIES_KEY)
+    if text is None:
+        return f"ConfigMap {name} has no key {PENALTIES_KEY} (keys: {', '.join(sorted(cm.data or {})) or 'none'})"
+    try:
+        penalties.parse(json.loads(text), f"ConfigMap {name}")
+    except ValueError as e:  # not JSON, or a PenaltiesError
+        return f"ConfigMap {name}: {PENALTIES_KEY} is not a penalties profile: {e}"
+    return None

@@ -40,7 +40,7 @@ def delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> int:
     under such a name that another owns (the reason for a NameTaken) is not the job's to delete. Returns how
     many of the job's pods of that attempt still exist (deleted now, or terminating)."""
     found = 0
-    for rank in range(job.workers):
+    for rank in range(job.pods):
         name = res.pod_name(job.name, attempt, rank)
         try:
             pod = api.core().read_namespaced_pod(name, namespace)
@@ -56,9 +56,11 @@ def delete_gang(job: Job, namespace: str, attempt: int, uid: str) -> int:
 
 
 def create_shared(job: Job, namespace: str, uid: str) -> None:
-    """What every pod of the job uses: the job's ConfigMap and the rendezvous Service."""
+    """What every pod of the job uses: the job's ConfigMap and the rendezvous Service (not for a calibrate job's
+    one pod: its runs rendezvous on the pod's loopback)."""
     api.create("ConfigMap", res.config_map(job, namespace, uid), namespace, uid)
-    api.create("Service", res.service(job, namespace, uid), namespace, uid)
+    if job.mode != "calibrate":
+        api.create("Service", res.service(job, namespace, uid), namespace, uid)
 
 
 # Waiting for a quota's room: the next look at the namespace's quotas after QUOTA_BACKOFF_S, doubling up to
@@ -128,7 +130,7 @@ def _cluster_room() -> tuple[list[dict], dict] | None:
 def admit(job: Job, namespace: str, uid: str, attempt: int, pods: list[dict]) -> tuple[str, str] | None:
     """Lift the gang's gates together if the whole gang fits now (None), else why it waits."""
     gang = [res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE)
-            for rank in range(job.workers)]
+            for rank in range(job.pods)]
     with _admission:
         view = _cluster_room()
         if view is not None:
@@ -167,7 +169,7 @@ def create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[in
     no pod made. A refusal that passes (a quota the check does not model) after part of the gang exists deletes
     that part again (api.GangRolledBack)."""
     pods = [res.worker_pod(job, namespace, uid, rank, attempt, SHAPER_IMAGE, WORKER_IMAGE)
-            for rank in (range(job.workers) if ranks is None else ranks)]
+            for rank in (range(job.pods) if ranks is None else ranks)]
     for pod in pods:
         if broken := fence.violations(pod):
             raise api.Refused("InvalidPod", f"Pod {pod['metadata']['name']} breaks the fence: {'; '.join(broken)}")
@@ -178,7 +180,7 @@ def create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[in
             api.create("Pod", pod, namespace, uid)
             made += 1
     except api.AdmissionWait as e:
-        if not made and len(pods) == job.workers:
+        if not made and len(pods) == job.pods:
             raise
         delete_gang(job, namespace, attempt, uid)
         raise api.GangRolledBack(e.reason, f"{e}; the part of the gang already made was deleted, to wait whole") from e

@@ -30,6 +30,8 @@ import kopf
 
 from netsense.kubeclient import load_kube_config
 from netsense.spec import GROUP, PLURAL, VERSION, SpecError, check_cluster, parse_spec
+from netsense.spec.job import penalties_configmap
+from netsense.spec.schema import Issue
 from netsense_operator import api, gangs, leader, metrics, podindex, reconciler
 from netsense_operator import resources as res
 from netsense_operator import status as st
@@ -109,6 +111,9 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
             warnings.simplefilter("always", FutureWarning)
             job = parse_spec(copy.deepcopy(dict(spec)), name)
         check_cluster(job)
+        if job.mode != "calibrate" and (penalties := penalties_configmap(job.compression)) is not None:
+            if why := api.check_penalties(penalties, namespace):
+                raise SpecError([Issue("spec.compression.penalties", why)])
     except SpecError as e:
         reconciler.fail_early(patch, body, "InvalidSpec", str(e))
         logger.warning(f"invalid spec: {e}")
@@ -121,17 +126,17 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         patch.status.update(
             phase=st.SUSPENDED, attempt=0, restarts=0, disruptions=0, appliedSpec=job.spec,
             observedGeneration=body["metadata"].get("generation"),
-            workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
+            workers={"total": job.pods, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
             conditions=st.set_condition(None, "Suspended", "True", "Suspended", "spec.suspend is true"))
         return
-    conditions = st.set_condition(None, "Created", "True", "PodsCreated",
-                                  f"{job.workers} worker pod(s) and the rendezvous service created")
+    made = "the calibration pod" if job.mode == "calibrate" else f"{job.workers} worker pod(s) and the rendezvous service"
+    conditions = st.set_condition(None, "Created", "True", "PodsCreated", f"{made} created")
     try:
         gangs.create_shared(job, namespace, uid)
         reconciler.made_shared(uid, 0)
         gangs.create_gang(job, namespace, uid, 0)
         kopf.event(body, type="Normal", reason="GangCreated",
-                   message=f"{job.workers} worker pod(s) and the rendezvous service")
+                   message=made)
     except api.Refused as e:
         reconciler.fail_early(patch, body, e.reason, str(e))
         gangs.delete_gang(job, namespace, 0, uid)  # a partial gang holds resources for nothing
@@ -145,7 +150,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         gangCreatedAt=st.now_iso(), pendingSince=st.now_iso(),
         phase=st.PENDING, attempt=attempt, restarts=0, disruptions=0, startTime=st.now_iso(),
         appliedSpec=job.spec, observedGeneration=body["metadata"].get("generation"),
-        workers={"total": job.workers, "pending": job.workers, "running": 0, "succeeded": 0, "failed": 0},
+        workers={"total": job.pods, "pending": job.pods, "running": 0, "succeeded": 0, "failed": 0},
         conditions=conditions)
 
 

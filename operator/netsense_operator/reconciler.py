@@ -86,7 +86,7 @@ def _applied(uid: str, name: str, status: dict) -> tuple[Job, Profile | None]:
         for stale in [k for k in _parsed if k[0] == uid]:
             del _parsed[stale]
         job = parse_spec(copy.deepcopy(dict(status["appliedSpec"])), name)
-        profile = job.network.get("profile")
+        profile = job.network.get("profile") if job.mode != "calibrate" else None  # a calibration's link is its own
         _parsed[key] = (job, build_profile(profile) if profile else None)
     return _parsed[key]
 
@@ -199,7 +199,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
     by_rank = {int(p["metadata"]["labels"][res.LABEL_RANK]): p for p in pods}
     phases = {r: (p.get("status") or {}).get("phase", "Pending") for r, p in by_rank.items()}
     counts = {k.lower(): sum(1 for v in phases.values() if v == k) for k in ("Pending", "Running", "Succeeded", "Failed")}
-    _update(patch, status, workers={"total": job.workers, **counts})
+    _update(patch, status, workers={"total": job.pods, **counts})
     started = status.get("trainingStartTime")
     net = _network_status(job, profile, None if started is None else st.parse_iso(started))
     if net:
@@ -215,7 +215,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         announce(body, type="Normal" if final_phase == st.SUCCEEDED else "Warning", reason=reason, message=message)
         METRICS.ended(final_phase, reason)
 
-    missing = [r for r in range(job.workers) if r not in by_rank]
+    missing = [r for r in range(job.pods) if r not in by_rank]
     # A rank evicted, preempted, drained or deleted is a disruption, not its failure: the gang restarts at once
     # (its collectives would wait for the lost rank until their timeout), and backoffLimit does not count it.
     disrupted = {r: why for r, p in by_rank.items()
@@ -282,7 +282,7 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                 _shared_made[uid] = (attempt, time.monotonic())
             if missing:
                 gangs.create_gang(job, namespace, uid, attempt, missing)
-                if len(missing) == job.workers and not status.get("gangCreatedAt"):  # a new gang (restart, resume)
+                if len(missing) == job.pods and not status.get("gangCreatedAt"):  # a new gang (restart, resume)
                     _update(patch, status, gangCreatedAt=st.now_iso())
         except api.Refused as e:
             gangs.delete_gang(job, namespace, attempt, uid)  # partial: nothing ran, so nothing to keep for inspection
@@ -313,7 +313,10 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             finish(st.FAILED, "PendingTimeout", f"the gang was not all running {limit}s after the job became "
                    "Pending" + (f": {waiting}" if waiting else ""), pods)
             return
-    if phases.get(0) == "Succeeded" and counts["succeeded"] == job.workers:
+    if phases.get(0) == "Succeeded" and counts["succeeded"] == job.pods and job.mode == "calibrate":
+        _calibrated(job, name, namespace, uid, by_rank[0], status, patch, finish)
+        return
+    if phases.get(0) == "Succeeded" and counts["succeeded"] == job.pods:
         result = st.result_of(by_rank[0])
         message = "training finished"
         if result:
@@ -327,12 +330,12 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                 f": best accuracy {best:.3f}" if best is not None else "")
         finish(st.SUCCEEDED, "Completed", message, [])
         return
-    if counts["running"] + counts["succeeded"] == job.workers and counts["running"] > 0:
+    if counts["running"] + counts["succeeded"] == job.pods and counts["running"] > 0:
         if phase != st.RUNNING:
             conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
-                                          f"{job.workers} worker(s) running")
+                                          f"{job.pods} worker(s) running")
             conditions = st.set_condition(conditions, "PodsReady", "True", "AllRunning",
-                                          f"{job.workers} worker(s) running")
+                                          f"{job.pods} worker(s) running")
             if int(status.get("restarts", 0)):
                 conditions = st.set_condition(conditions, "Restarting", "False", "GangRunning",
                                               f"attempt {attempt} running")
@@ -347,6 +350,33 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
                 _update(patch, status, trainingStartTime=st.iso(float(epoch)))
             _update(patch, status, progress=progress)
     _update(patch, status, conditions=conditions)
+
+
+def _calibrated(job: Job, name: str, namespace: str, uid: str, pod: dict, status: dict, patch: kopf.Patch,
+                finish) -> None:
+    """A calibrate job's pod succeeded: its termination message (the profile, one JSON line) into the ConfigMap
+    <job>-penalties, owned by the job, and a summary (each option's steps factor, the cost) into status.calibration.
+    A message that is not a profile fails the job (it would fail every tta job that used it)."""
+    from netsense.control import penalties
+
+    text = (st.trainer_terminated(pod) or {}).get("message") or ""
+    try:
+        profile = json.loads(text)
+        penalties.parse(profile, "the calibration pod's termination message")
+    except ValueError as e:  # not JSON, or a PenaltiesError
+        finish(st.FAILED, "CalibrationUnreadable", f"the calibration pod's termination message is not a penalties "
+               f"profile ({' '.join(str(e).split())[:200]}): {' '.join(text.split())[:200]!r}", [pod])
+        return
+    try:
+        api.create("ConfigMap", res.penalties_config_map(name, namespace, uid, json.dumps(profile, indent=1) + "\n"),
+                   namespace, uid)
+    except api.Refused as e:
+        finish(st.FAILED, e.reason, f"writing the profile: {e}", [pod])
+        return
+    summary = st.calibration_summary(profile, res.penalties_name(name))
+    _update(patch, status, calibration=summary)
+    finish(st.SUCCEEDED, "Calibrated", f"profile in ConfigMap {summary['configMap']} (use it: "
+           f"spec.compression.penalties: configmap:{summary['configMap']}): {summary['summary']}", [])
 
 
 def _spec_change(name: str, body: kopf.Body, spec: dict, status: dict, job: Job, patch: kopf.Patch,
@@ -404,7 +434,7 @@ def _suspension(job: Job, namespace: str, uid: str, pods: list[dict], spec: dict
     gangs.delete_gang(job, namespace, attempt, uid)
     announce(body, type="Normal", reason="Suspended", message="spec.suspend is true: the gang is deleted")
     patch.status.update(phase=st.SUSPENDED, trainingStartTime=None,
-                        workers={"total": job.workers, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
+                        workers={"total": job.pods, "pending": 0, "running": 0, "succeeded": 0, "failed": 0},
                         conditions=st.set_condition(
                             st.set_condition(conditions, "Running", "False", "Suspended", "spec.suspend is true"),
                             "Suspended", "True", "Suspended", "spec.suspend is true"))

@@ -39,7 +39,7 @@ from netsense.gang import (
 )
 from netsense.spec import API_VERSION, KIND, Job, podtemplate
 from netsense.spec.fence import SHAPER_TMP_VOLUME
-from netsense.spec.job import DEFAULT_IMAGE
+from netsense.spec.job import DEFAULT_IMAGE, PENALTIES_KEY, penalties_configmap
 from netsense_operator.gate import GATE
 
 SHAPER_IMAGE = "netsense/shaper:0.1.0"  # images/shaper.Dockerfile, tagged with the package's version
@@ -69,6 +69,13 @@ OUTPUT_MOUNT = {"name": "netsense-output", "mountPath": "/netsense-output"}
 # profile of a few thousand points outgrows the 128 KiB that one argument or variable may hold (E2BIG).
 JOB_DIR = "/etc/netsense"
 JOB_VOLUME = {"name": "netsense-job", "mountPath": JOB_DIR, "readOnly": True}
+# tta's penalties profile on a cluster (spec.compression.penalties: configmap:NAME): the ConfigMap's penalties.json,
+# mounted read-only; the trainer's job.json names the file, so the worker reads a local path as netsense run's does.
+PENALTIES_DIR = "/etc/netsense-penalties"
+PENALTIES_VOLUME = {"name": "netsense-penalties", "mountPath": PENALTIES_DIR, "readOnly": True}
+# A calibrate job's runs (each one's timeline and result) go to the pod's /tmp, or to spec.output where it is set;
+# the profile leaves through the trainer's termination message (netsense calibrate --termination-log).
+CALIBRATE_OUT = "/tmp/netsense-calibrate"
 LABEL_JOB = "netsense.dev/job"
 # Selection is by the job's UID: a job deleted and re-created under the same name is another job, and
 # must never count (or rendezvous with) pods its predecessor left for the garbage collector.
@@ -98,8 +105,9 @@ def pod_name(job: str, attempt: int, rank: int) -> str:
     return f"{job}-a{attempt}-w{rank}"
 
 
-def labels(job: str, uid: str, attempt: int | None = None, rank: int | None = None) -> dict[str, str]:
-    out = {"app.kubernetes.io/name": "netsense", "app.kubernetes.io/component": "worker", LABEL_JOB: job,
+def labels(job: str, uid: str, attempt: int | None = None, rank: int | None = None,
+           component: str = "worker") -> dict[str, str]:
+    out = {"app.kubernetes.io/name": "netsense", "app.kubernetes.io/component": component, LABEL_JOB: job,
            LABEL_JOB_UID: uid}
     if attempt is not None:
         out[LABEL_ATTEMPT] = str(attempt)
@@ -112,13 +120,33 @@ def config_name(job: str) -> str:
     return f"{job}-job"
 
 
+def penalties_name(job: str) -> str:
+    """The ConfigMap a calibrate job writes its profile to (a tta job names it: configmap:<job>-penalties)."""
+    return f"{job}-penalties"
+
+
+def penalties_config_map(job: str, namespace: str, uid: str, profile_text: str) -> dict:
+    """A calibrate job's profile (penalties.json, as netsense calibrate writes it), owned by the job: it lives as
+    long as the job (the record of its calibration: its status says what it measured and cost), and goes with it."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": penalties_name(job), "namespace": namespace,
+                         "labels": labels(job, uid, component="penalties"),
+                         "ownerReferences": [owner_reference(job, uid)]},
+            "data": {PENALTIES_KEY: profile_text}}
+
+
 def config_map(job: Job, namespace: str, uid: str) -> dict:
     """job.json (what the trainer reads) and profile.json (the shaper). Without spec.podTemplate: the worker has
-    no use for it, and a ConfigMap is readable by a namespace's `view` role, which a job's env is not."""
+    no use for it, and a ConfigMap is readable by a namespace's `view` role, which a job's env is not. A
+    ConfigMap's penalties are named by the path they are mounted at (the worker reads a file, as locally)."""
     manifest = job.manifest()
     manifest["spec"] = {k: v for k, v in manifest["spec"].items() if k != "podTemplate"}
+    if job.mode == "calibrate":  # not read by a calibration, and not mounted in its pod
+        manifest["spec"]["compression"] = {k: v for k, v in job.compression.items() if k != "penalties"}
+    elif penalties_configmap(job.compression) is not None:
+        manifest["spec"]["compression"] = {**job.compression, "penalties": f"{PENALTIES_DIR}/{PENALTIES_KEY}"}
     data = {"job.json": json.dumps(manifest, separators=(",", ":"))}
-    if job.network.get("profile"):
+    if job.network.get("profile") and job.mode != "calibrate":
         data["profile.json"] = json.dumps(job.network["profile"], separators=(",", ":"))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": config_name(job.name), "namespace": namespace, "labels": labels(job.name, uid),
@@ -183,6 +211,8 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
                worker_image: str = DEFAULT_IMAGE) -> dict:
     """Rank ``rank``'s pod of ``attempt``; the trainer runs the job's image, else ``worker_image`` (the
     operator's configured default)."""
+    if job.mode == "calibrate":
+        return calibrate_pod(job, namespace, uid, attempt, worker_image)
     net = job.network
     shaped = bool(net.get("profile"))
     extra = {RESULT_PATH_ENV: "/dev/termination-log",
@@ -236,22 +266,71 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         spec["volumes"].append({"name": RUN_VOLUME["name"], "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
         spec["volumes"].append({"name": SHAPER_TMP["name"], "emptyDir": {}})  # queue samples: ~20 MB an hour
     if output:
-        trainer["volumeMounts"].append(dict(OUTPUT_MOUNT))
+        _mount_output(spec, trainer, output)
         if shaped:
             trainer["volumeMounts"].append(dict(TRAINER_LINK))
-        spec["volumes"].append({"name": OUTPUT_MOUNT["name"],
-                                "persistentVolumeClaim": {"claimName": output["claimName"]}})
-        spec["securityContext"].update(fsGroup=TRAINER_UID, fsGroupChangePolicy="OnRootMismatch")
+    if (penalties := penalties_configmap(job.compression)) is not None:
+        trainer["volumeMounts"].append(dict(PENALTIES_VOLUME))
+        spec["volumes"].append({"name": PENALTIES_VOLUME["name"], "configMap": {
+            "name": penalties, "items": [{"key": PENALTIES_KEY, "path": PENALTIES_KEY}]}})
+    return _finish_pod(job, namespace, uid, attempt, rank, spec, "worker")
+
+
+def _mount_output(spec: dict, trainer: dict, output: dict) -> None:
+    trainer["volumeMounts"].append(dict(OUTPUT_MOUNT))
+    spec["volumes"].append({"name": OUTPUT_MOUNT["name"], "persistentVolumeClaim": {"claimName": output["claimName"]}})
+    spec["securityContext"].update(fsGroup=TRAINER_UID, fsGroupChangePolicy="OnRootMismatch")
+
+
+def _finish_pod(job: Job, namespace: str, uid: str, attempt: int, rank: int, spec: dict, component: str) -> dict:
+    """The pod around ``spec``: names, labels, owner, the job's pod template, Kueue's group or the gang's gate."""
     pod = _kueue_group(podtemplate.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(job.name, attempt, rank), "namespace": namespace,
-                     "labels": labels(job.name, uid, attempt, rank),
+                     "labels": labels(job.name, uid, attempt, rank, component),
                      "ownerReferences": [owner_reference(job.name, uid)]},
         "spec": spec,
     }, job.spec.get("podTemplate")), job, uid, attempt)
     if KUEUE_QUEUE not in pod["metadata"]["labels"]:  # Kueue gates and admits its pod groups itself
         pod["spec"]["schedulingGates"] = [{"name": GATE}]  # lifted once the whole gang fits (gate.py)
     return pod
+
+
+def calibrate_pod(job: Job, namespace: str, uid: str, attempt: int, worker_image: str = DEFAULT_IMAGE) -> dict:
+    """A calibrate job's one pod: the trainer's image running netsense calibrate on the job's job.json (every run
+    on the simulated clock, its workers on the pod's loopback: no shaper, no rendezvous), its profile written to
+    the termination message. The trainer's confinement exactly (non-root, no capabilities, no privilege
+    escalation, seccomp RuntimeDefault, no service-account token), and the job's pod template as a worker's."""
+    out = CALIBRATE_OUT
+    output = job.spec.get("output")
+    if output:
+        out = f"{OUTPUT_MOUNT['mountPath']}/{output_dir(job, attempt, 0).rpartition('/')[0]}/calibrate"
+    trainer = {
+        "name": TRAINER,
+        "image": job.spec.get("image") or worker_image,
+        "imagePullPolicy": job.spec["imagePullPolicy"],
+        "command": ["netsense", "calibrate", f"{JOB_DIR}/job.json", "--out", out,
+                    "--termination-log", "/dev/termination-log"],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID},
+        "resources": podtemplate.quantities(job.spec.get("resources") or TRAINER_RESOURCES),
+        "volumeMounts": [dict(JOB_VOLUME)],
+    }
+    spec: dict = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [trainer],
+        "volumes": [{"name": JOB_VOLUME["name"], "configMap": {"name": config_name(job.name)}}],
+    }
+    if output:
+        _mount_output(spec, trainer, output)
+    return _finish_pod(job, namespace, uid, attempt, 0, spec, "calibrate")
 
 
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
@@ -267,5 +346,5 @@ def _kueue_group(pod: dict, job: Job, uid: str, attempt: int) -> dict:
     meta = pod["metadata"]
     if KUEUE_QUEUE in (meta.get("labels") or {}):
         meta["labels"][KUEUE_GROUP] = f"{uid}-{attempt}"  # a label value: at most 63 characters (a UID is 36)
-        meta.setdefault("annotations", {})[KUEUE_GROUP_COUNT] = str(job.workers)
+        meta.setdefault("annotations", {})[KUEUE_GROUP_COUNT] = str(job.pods)
     return pod

@@ -178,3 +178,23 @@ def last_progress(log_text: str) -> dict | None:
                         # for `kubectl get nsj`: how far, in words
                         "summary": f"step {step}" + (f"/{most}" if most else "") + f", epoch {ev.get('epoch')}"}
     return None
+
+
+def calibration_summary(profile: dict, config_map: str) -> dict:
+    """status.calibration of a calibrate job: where its profile is, each option's steps factor over dense fp16's
+    (a lower bound marked '>'), and what calibrating cost (part of any comparison that uses the profile)."""
+    factors, words = {}, []
+    for family, unit in (("topk", "topk"), ("powersgd", "powersgd rank")):
+        factors[family] = {}
+        for option, entry in (profile.get(family) or {}).items():
+            factors[family][option] = entry.get("steps_factor")
+            bound = ">" if entry.get("lower_bound") else ""
+            words.append(f"{unit} {option} {bound}{entry.get('steps_factor'):.2f}x")
+    cost = profile.get("cost") or {}
+    lower = sorted(f"{f} {o}" for f in ("topk", "powersgd") for o, e in (profile.get(f) or {}).items()
+                   if e.get("lower_bound"))
+    return {"configMap": config_map, "factors": factors, "lowerBounds": lower,
+            "milestoneLoss": (profile.get("milestone") or {}).get("loss"), "seeds": profile.get("seeds"),
+            "costSeconds": cost.get("wall_seconds"), "costSteps": cost.get("steps"), "costRuns": cost.get("runs"),
+            "summary": f"{', '.join(words)} the dense steps; cost {cost.get('wall_seconds')} s, "
+                       f"{cost.get('steps')} steps in {cost.get('runs')} runs"}
