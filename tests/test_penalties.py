@@ -125,6 +125,105 @@ def test_calibrate_refuses_bad_options_naming_them_before_it_runs_anything(tmp_p
     assert f"netsense: {flag}: " in err and why in err and not out.exists(), err
 
 
+# ---- a cluster's profile: configmap:NAME, and the calibrate mode ------------------------------------------------
+
+def test_a_configmap_profile_is_a_clusters_and_refused_locally_naming_the_field(tmp_path):
+    from netsense.spec import check_local
+
+    job = load_job(_job(tmp_path, "configmap:quick-penalties"))
+    assert job.compression["penalties"] == "configmap:quick-penalties"  # not a path: nothing resolved or read
+    check_cluster(job)
+    with pytest.raises(SpecError) as e:
+        check_local(job)
+    assert str(e.value).startswith("spec.compression.penalties: configmap:quick-penalties names a cluster's "
+                                   "ConfigMap; locally give the file"), str(e.value)
+
+
+@pytest.mark.parametrize("ref", ["configmap:Quick", "configmap:", "configmap:a_b", "configmap:" + "a" * 254])
+def test_a_configmap_profile_needs_a_configmaps_name(tmp_path, ref):
+    with pytest.raises(SpecError) as e:
+        load_job(_job(tmp_path, ref))
+    assert str(e.value).startswith("spec.compression.penalties: ") and "names a ConfigMap" in str(e.value)
+
+
+def _calibrate_job(tmp_path, **spec) -> str:
+    job = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "j"},
+           "spec": {"mode": "calibrate", "workers": 2, "training": {"model": "mlp", "dataset": "synthetic"},
+                    "compression": {"method": "tta", "penalties": "configmap:old"}, **spec}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+def test_the_calibrate_mode_is_one_schema_with_the_calibrations_settings():
+    doc = {"apiVersion": "netsense.dev/v1alpha1", "kind": "NetSenseJob", "metadata": {"name": "j"}, "spec": {}}
+    plain = parse_job(doc)
+    assert plain.mode == "train" and plain.pods == 2 and "calibration" not in plain.spec  # nothing added
+    job = parse_job({**doc, "spec": {"mode": "calibrate", "workers": 4, "calibration": {"seeds": 3}}})
+    assert job.mode == "calibrate" and job.pods == 1 and job.workers == 4
+    assert job.spec["calibration"] == {"seeds": 3, "steps": 200, "rungs": 3, "densities": [0.01, 0.003, 0.001],
+                                       "ranks": [2, 8], "parallel": 2}
+    for spec, field, why in [({"mode": "calib"}, "spec.mode", "unknown value 'calib'"),
+                             ({"calibration": {"seeds": 9}}, "spec.calibration.seeds", ""),
+                             ({"calibration": {"densities": [0.01, 2]}}, "spec.calibration.densities", ""),
+                             ({"calibration": {"ranks": []}}, "spec.calibration.ranks", "")]:
+        with pytest.raises(SpecError) as e:
+            parse_job({**doc, "spec": spec})
+        assert str(e.value).startswith(field) and why in str(e.value), str(e.value)
+
+
+def test_a_calibrate_job_is_netsense_calibrates_locally_and_its_network_and_penalties_are_not_a_clusters_concern(
+        tmp_path, capsys):
+    from netsense.cli import main
+
+    path = _calibrate_job(tmp_path, network={"clock": "simulated", "profile": {"type": "static", "rate": "1Gbit"}})
+    assert main(["run", path]) == 2
+    assert "spec.mode: calibrate: netsense calibrate JOB races the options locally" in capsys.readouterr().err
+    check_cluster(load_job(path))  # its runs are simulated with their own link: nothing of its network is refused
+
+
+def test_calibrate_reads_its_settings_from_the_spec_and_says_a_failure_in_the_termination_log(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """The flags' defaults are spec.calibration's; what fails before or during the race is the termination
+    message (a cluster's job's reason), and a configmap: reference is no concern of a calibration."""
+    from netsense.cli import main
+
+    seen = {}
+
+    def race(job, out, **options):
+        seen.update(options, penalties=job.compression.get("penalties"))
+        raise RuntimeError("calibration run dense-s0-b20 failed: boom")
+
+    monkeypatch.setattr(calibration, "calibrate", race)
+    log = tmp_path / "termination-log"
+    path = _calibrate_job(tmp_path, calibration={"seeds": 1, "steps": 20, "densities": [0.02], "ranks": [4]})
+    assert main(["calibrate", path, "--out", str(tmp_path / "out"), "--ranks", "1,2", "--termination-log",
+                 str(log)]) != 0
+    assert seen == {"seeds": [0], "budget": 20, "rungs": 3, "parallel": 2, "densities": (0.02,), "ranks": (1, 2),
+                    "penalties": None}
+    assert log.read_text() == "calibration failed: calibration run dense-s0-b20 failed: boom"
+    assert main(["calibrate", path, "--seeds", "0", "--termination-log", str(log)]) == 2
+    assert log.read_text().startswith("calibration failed: --seeds/--steps/--rungs/--parallel: at least 1 seed")
+
+
+def test_the_profile_leaves_a_pod_as_one_line_within_a_termination_message_or_not_at_all(tmp_path):
+    entry = {"steps_factor": 12.3456, "interval": [1.2345, 123.4567], "steps": {str(s): 12345 for s in range(8)},
+             "budget": 25600}
+    largest = {"netsense_penalties": 1, "job": "j" * 50, "model": "resnet18", "dataset": "cifar100",
+               "milestone": {"loss": 1.23456, "smoothing": "trailing mean of 10000 steps", "set_at_step": 80000,
+                             "dense_steps": {str(s): 123456 for s in range(8)}},
+               "seeds": list(range(8)), "cost": {"wall_seconds": 123456.7, "steps": 12345678, "runs": 96},
+               "topk": {f"{d:g}": dict(entry, lower_bound=True, budget_bound=1.2) for d in (0.1, 0.03, 0.01, 0.003,
+                                                                                            0.001, 0.0003)},
+               "powersgd": {str(r): dict(entry) for r in (1, 2, 4, 8, 16, 64)}}  # spec.calibration's most
+    text = calibration.message(largest)
+    assert json.loads(text) == largest and len(text.encode()) <= calibration.MESSAGE_LIMIT
+    with pytest.raises(ValueError, match=r"over a termination message's 4096: fewer seeds, densities or ranks"):
+        calibration.message({**largest, "job": "j" * 2000})
+    calibration.write_message(str(tmp_path / "m"), "x" * 5000)
+    assert (tmp_path / "m").read_bytes() == b"x" * 4093 + b"..."
+
+
 # ---- the race ---------------------------------------------------------------------------------------------------
 
 def test_the_smoothed_loss_waits_for_its_window_and_the_milestone_is_its_first_crossing():
