@@ -256,6 +256,36 @@ def test_two_processes_in_one_pod_train_as_one_gang(operator, tmp_path):
         kubectl("delete", "nsj", "procs", "--ignore-not-found", "--wait=true")
 
 
+def test_a_calibrate_job_then_a_tta_job_on_its_profile(operator, tmp_path):
+    """spec.mode: calibrate as real pods: netsense calibrate in one pod of the worker image (non-root, its runs on
+    the pod's loopback), its profile through a real termination message into the ConfigMap <job>-penalties (owned
+    by the job: gone with it); a tta job naming configmap:<job>-penalties trains with those factors (its result
+    says which file it read: the mount), and the profile goes with the calibrate job."""
+    kubectl = operator
+    _apply_job(kubectl, tmp_path, "calib", mode="calibrate",
+               calibration={"seeds": 1, "steps": 20, "rungs": 1, "densities": [0.01], "ranks": [2], "parallel": 1})
+    try:
+        assert _wait("calib to finish", lambda: _phase(kubectl, "calib") in ("Succeeded", "Failed") and
+                     _phase(kubectl, "calib"), 600, every=2) == "Succeeded", _job(kubectl, "calib").get("status")
+        calibration = _job(kubectl, "calib")["status"]["calibration"]
+        assert calibration["configMap"] == "calib-penalties" and calibration["costSeconds"] > 0, calibration
+        profile = json.loads(_get(kubectl, "configmap", "calib-penalties")["data"]["penalties.json"])
+        assert profile["job"] == "calib" and set(profile["topk"]) == {"0.01"} and set(profile["powersgd"]) == {"2"}
+        _apply_job(kubectl, tmp_path, "calibrated", **{"training.epochs": 1,
+                                                       "compression.penalties": "configmap:calib-penalties"})
+        assert _wait("calibrated to finish", lambda: _phase(kubectl, "calibrated") in ("Succeeded", "Failed") and
+                     _phase(kubectl, "calibrated"), 600, every=2) == "Succeeded", _job(kubectl, "calibrated").get("status")
+        read = _job(kubectl, "calibrated")["status"]["result"]["penalties"]
+        assert read["file"] == "/etc/netsense-penalties/penalties.json", read
+        assert read["topk"] == {"0.01": profile["topk"]["0.01"]["steps_factor"]}, (read, profile)
+        print(f"\nE2E calibration: {calibration['summary']}")
+    finally:
+        kubectl("delete", "nsj", "calibrated", "--ignore-not-found", "--wait=true")
+        kubectl("delete", "nsj", "calib", "--ignore-not-found", "--wait=true")
+    _wait("the garbage collector to remove calib's profile",
+          lambda: not _get(kubectl, "configmap", "-l", f"{LABEL_JOB}=calib")["items"], 120)
+
+
 def test_bad_image_is_a_condition_not_a_silent_pending(operator, tmp_path):
     kubectl = operator
     _apply_job(kubectl, tmp_path, "bad-image", image="netsense/does-not-exist:dev")
