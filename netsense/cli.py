@@ -344,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "clock; no root needed). Writes DIR/penalties.json: each option's steps over dense's, "
                            "with a 95% interval over the seeds (2 seeds: wide), and the calibration's cost (wall "
                            "seconds, steps trained), which belongs in any comparison that uses it. Give it to tta as "
-                           "spec.compression.penalties. Not yet validated against the hindsight-best option.", 79),
+                           "spec.compression.penalties. On a cluster, the same job with spec.mode: calibrate runs this in one pod; its "
+                           "profile lands in the ConfigMap <job>-penalties (penalties: configmap:<job>-penalties). "
+                           "Not yet validated against the hindsight-best option.", 79),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("job", help="NetSenseJob YAML file (its network is ignored: the runs are simulated)")
     s.add_argument("--out", metavar="DIR", help="output directory (default runs/calibrate/NAME); every run is kept "
