@@ -187,3 +187,15 @@ def test_every_worker_pod_waits_behind_the_gangs_gate_unless_kueue_admits_it():
     job = parse_spec({"workers": 2, "podTemplate": {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}}, "k")
     kueue = [res.worker_pod(job, "ns", "uid", r, 0) for r in range(2)]
     assert not any(gate.gated(p) for p in kueue)
+
+
+def test_a_calibrations_progress_is_its_last_rung():
+    """A calibrate pod prints no JSON progress lines: `kubectl get nsj`'s PROGRESS says the rung it runs."""
+    from netsense_operator.status import last_progress
+
+    log = ("[calibrate] rung 0: 12 runs of 200 steps (dense fp16, topk 0.01, topk 0.003, powersgd rank 2)\n"
+           "[calibrate] milestone: loss 0.6481 (dense fp16's 20-step mean at step 160, the highest over the seeds)\n"
+           "[calibrate] rung 1: 4 runs of 400 steps (topk 0.003, powersgd rank 2)\n"
+           "[calibrate]   topk 0.003: steps to the milestone seed 0 212, seed 1 > 400\n")
+    assert last_progress(log) == {"summary": "rung 1: 4 runs of 400 steps"}
+    assert last_progress("[calibrate] milestone: loss 0.6\n") is None

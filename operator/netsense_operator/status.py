@@ -161,9 +161,14 @@ def result_of(pod: dict) -> dict | None:
     return result if isinstance(result, dict) else None
 
 
+CALIBRATE_PREFIX = "[calibrate] "  # netsense.bench.calibration's lines on stderr
+
+
 def last_progress(log_text: str) -> dict | None:
-    """The last JSON progress line of a trainer's log."""
+    """The last JSON progress line of a trainer's log; of a calibration's, its last rung (what it runs now)."""
     for line in reversed(log_text.splitlines()):
+        if line.startswith(CALIBRATE_PREFIX + "rung "):
+            return {"summary": line[len(CALIBRATE_PREFIX):].split(" (")[0]}
         line = line.strip()
         if line.startswith("{") and '"progress"' in line:
             try:
