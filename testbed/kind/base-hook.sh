@@ -36,6 +36,10 @@ chroot "$root" systemctl mask systemd-binfmt.service >/dev/null 2>&1
 # the runtime spec kind's containerd config names (base_runtime_spec), made as kind makes it
 chroot "$root" sh -c "ctr oci spec | jq '.hooks.createContainer[.hooks.createContainer| length] |= . + {\"path\": \"/kind/bin/mount-product-files.sh\"}' | jq 'del(.process.rlimits)' > /etc/containerd/cri-base.json"
 
-# The sandbox image is built here (testbed/node/pause.c), not pulled.
-sed -i 's|sandbox_image = .*|sandbox_image = "docker.io/netsense/pause:dev"|' "$root/etc/containerd/config.toml"
+# The sandbox image is built here (testbed/node/pause.c), not pulled. This VM gives no process
+# CAP_SYS_RESOURCE, without which runc cannot lower a container's OOM score below containerd's
+# ("can't get final child's PID from pipe: EOF"): containerd clamps it instead, as on the real node.
+sed -i -e 's|sandbox_image = .*|sandbox_image = "docker.io/netsense/pause:dev"|' \
+  -e 's|restrict_oom_score_adj = false|restrict_oom_score_adj = true|' "$root/etc/containerd/config.toml"
+grep -q 'restrict_oom_score_adj = true' "$root/etc/containerd/config.toml"
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin

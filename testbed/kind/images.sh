@@ -127,7 +127,7 @@ node() {
   done
   $DOCKER exec "$cid" sh -c "echo $K8S_VERSION > /kind/version"
   $DOCKER exec "$cid" bash -c 'nohup containerd > /dev/null 2>&1 &'
-  $DOCKER exec "$cid" bash -c 'for i in $(seq 30); do ctr info >/dev/null 2>&1 && exit 0; sleep 1; done; exit 1'
+  $DOCKER exec "$cid" bash -c 'for i in $(seq 30); do ctr version >/dev/null 2>&1 && exit 0; sleep 1; done; exit 1'
   local img
   for img in "${images[@]}"; do
     $DOCKER save "$img" | $DOCKER exec -i "$cid" ctr --namespace=k8s.io images import \
@@ -140,6 +140,16 @@ node() {
   # the component images live on inside the node image; Docker's own copies are not needed
   $DOCKER rmi "${images[@]}" >/dev/null 2>&1 || true
   log "built $NODE"
+  prune
+}
+
+# the node and base images of other keys (an earlier version of this script), and dangling layers
+prune() {
+  local old
+  old=$($DOCKER images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/netsense/kind-(base|node):' |
+    grep -vxF -e "$BASE" -e "$NODE" || true)
+  [[ -z $old ]] || $DOCKER rmi $old >/dev/null 2>&1 || true
+  $DOCKER image prune -f >/dev/null 2>&1 || true
 }
 
 case "${1:-all}" in
