@@ -97,10 +97,13 @@ stop() {
   done
   [[ -z ${left:-} ]] || kill -9 $left 2>/dev/null || true
   # a killed dockerd can leave its network's bridge and the exec root's mounts
-  ip -o link show type bridge | awk -F': ' '{print $2}' | grep -E '^br-[0-9a-f]{12}$' |
-    while read -r br; do ip link delete "$br" 2>/dev/null || true; done
-  grep -oE " $RUN[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  grep -oE " $DATA/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  local br m
+  for br in $(ip -o link show type bridge | awk -F': ' '{print $2}' | grep -E '^br-[0-9a-f]{12}$' || true); do
+    ip link delete "$br" 2>/dev/null || true
+  done
+  for m in $(awk -v run="$RUN" -v data="$DATA/" 'index($2, run) == 1 || index($2, data) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
   check
 }
 
