@@ -119,14 +119,23 @@ def test_two_ranks_one_a_node_shaped_and_measured_between_the_nodes(operator, tm
 def test_a_worker_node_lost_mid_job_does_not_wedge_it(operator, tmp_path, request):
     """A worker's container frozen (`docker pause`): its kubelet stops reporting, the node goes NotReady, and after
     runPolicy.lostNodeSeconds the operator counts the rank lost: the gang restarts (a disruption, not a failure) on
-    the worker that is left, and the job finishes. Then the node comes back (`docker unpause`) and is Ready."""
+    the worker that is left, and the job finishes. Then the node comes back (`docker unpause`) and is Ready.
+
+    The node lost is the one without the operator: a node lost with the operator on it is another case. Its pod is
+    then only replaced when the taint manager evicts it (the default tolerationSeconds for an unreachable node,
+    300 s), and until then nothing restarts the gang (measured here: about 5 minutes of a job at a stand-still)."""
     kubectl = operator
+    request.addfinalizer(lambda: kubectl("delete", "nsj", "lost", "--ignore-not-found", "--wait=false", check=False))
     _apply_job(kubectl, tmp_path, "lost", **{"training.epochs": 30, "runPolicy.backoffLimit": 2,
                                               "runPolicy.lostNodeSeconds": 20, "runPolicy.activeDeadlineSeconds": 1500})
     _wait("lost to run", lambda: _phase(kubectl, "lost") == "Running", 300)
     time.sleep(5)
-    pods = {p["metadata"]["labels"]["netsense.dev/rank"]: p for p in _job_pods(kubectl, "lost")}
-    victim = pods["1"]["spec"]["nodeName"]
+    op_nodes = {p["spec"].get("nodeName") for p in _get(kubectl, "-n", OPERATOR_NS, "pods", "-l",
+                                                          "app.kubernetes.io/component=operator")["items"]}
+    ranks_at = {p["metadata"]["labels"]["netsense.dev/rank"]: p["spec"]["nodeName"] for p in _job_pods(kubectl, "lost")}
+    # rank 0's node where it can be: the operator reads rank 0's log through its kubelet
+    victim = next((ranks_at[r] for r in ("0", "1") if r in ranks_at and ranks_at[r] not in op_nodes), None)
+    assert victim is not None, f"every rank's node runs the operator too: ranks on {ranks_at}, operator on {op_nodes}"
     survivor = next(w for w in _workers(kubectl) if w != victim)
     _docker("pause", victim)
     paused = True
@@ -150,7 +159,7 @@ def test_a_worker_node_lost_mid_job_does_not_wedge_it(operator, tmp_path, reques
 
     _wait("the gang restarted on the worker that is left", restarted_elsewhere, 300, every=2)
     t_restart = time.monotonic() - t0
-    print(f"\nE2E kind: {victim} paused; NotReady after {t_notready:.0f}s, gang running again on {survivor} "
+    print(f"\nE2E kind: {victim} (rank {sorted(r for r, n in ranks_at.items() if n == victim)}) paused; NotReady after {t_notready:.0f}s, gang running again on {survivor} "
           f"after {t_restart:.0f}s")
     unpause()
     _wait(f"{victim} Ready again", lambda: _node_ready(kubectl, victim), 180, every=2)
@@ -183,7 +192,8 @@ def test_a_campaign_of_four_cells_across_the_two_workers(operator, tmp_path):
     try:
         while bench.poll() is None and time.monotonic() - t0 < 1200:
             jobs = _get(kubectl, "nsj")["items"]
-            most_jobs = max(most_jobs, sum(1 for j in jobs if (j.get("status") or {}).get("phase") == "Running"))
+            most_jobs = max(most_jobs, sum(1 for j in jobs if (j.get("status") or {}).get("phase") == "Running"
+                                           and j["metadata"]["name"].startswith(("allreduce-", "topk-"))))
             seen_nodes |= {p["spec"]["nodeName"] for p in _get(kubectl, "pods", "-l", "netsense.dev/job")["items"]
                            if p["spec"].get("nodeName")}
             time.sleep(2)
