@@ -90,7 +90,8 @@ kind-e2e: venv deps-node envtest
 	bash testbed/kind/e2e.sh
 
 kind-down:
-	-PATH=/run/netsense-kind/bin:$$PATH DOCKER_HOST=unix:///run/netsense-kind/docker.sock kind delete cluster --name $${CLUSTER:-netsense-e2e}
+	if [[ -x /run/netsense-kind/bin/kind ]]; then PATH=/run/netsense-kind/bin:$$PATH DOCKER_HOST=unix:///run/netsense-kind/docker.sock \
+	  kind delete cluster --name $${CLUSTER:-netsense-e2e} || true; fi
 	bash testbed/kind/dockerd.sh stop
 
 gpu-check:
