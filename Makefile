@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml operator/pyproject.toml |
 # later installs offline-fast.
 PIP_FLAGS ?= --disable-pip-version-check
 
-.PHONY: help venv deps deps-node run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e gpu-check bench results clean
+.PHONY: help venv deps deps-node run test test-fast lint fmt envtest manifests node node-up node-down e2e kind-e2e kind-down gpu-check bench results clean
 
 help:
 	@echo "make run        set up .venv and run the quick NetSenseJob on the emulated cluster (root)"
@@ -23,7 +23,8 @@ help:
 	@echo "make node       build a real one-node cluster's parts and images (testbed/node; root)"
 	@echo "make node-up    run that node in the foreground (Ctrl-C tears it down); node-down sweeps leftovers"
 	@echo "make e2e        the operator end to end on that node: real pods, images, shaping, faults (root)"
-	@echo "make kind-e2e   kind cluster end to end (needs Docker and kind)"
+	@echo "make kind-e2e   3-node kind cluster (node image built here) and the multi-node tests (root; KEEP=1 keeps it)"
+	@echo "make kind-down  delete a kept kind cluster and stop its dockerd (testbed/kind/dockerd.sh)"
 	@echo "make gpu-check  the GPU path on this machine's GPU (testbed/gpu/check.sh; dry on the CPU without one)"
 
 $(STAMP): pyproject.toml operator/pyproject.toml
@@ -82,10 +83,16 @@ node-down: venv
 	cd tests && ../$(BIN)/python -m support.node down
 
 e2e: node
-	$(BIN)/pytest -q -ra -s -m e2e --timeout 1200 --durations=15 tests/e2e
+	$(BIN)/pytest -q -ra -s -m "e2e and not kind" --timeout 1200 --durations=15 tests/e2e
 
-kind-e2e:
+# testbed/kind/e2e.sh: dockerd, the node image, the cluster, the tests, and the teardown (README there).
+kind-e2e: venv deps-node envtest
 	bash testbed/kind/e2e.sh
+
+kind-down:
+	if [[ -x /run/netsense-kind/bin/kind ]]; then PATH=/run/netsense-kind/bin:$$PATH DOCKER_HOST=unix:///run/netsense-kind/docker.sock \
+	  kind delete cluster --name $${CLUSTER:-netsense-e2e} || true; fi
+	bash testbed/kind/dockerd.sh stop
 
 gpu-check:
 	bash testbed/gpu/check.sh

@@ -110,3 +110,8 @@ def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml (whose hash keys the venv): make kind-e2e's tests (tests/e2e/test_kind.py).
+    config.addinivalue_line("markers", "kind: needs the multi-node kind cluster of make kind-e2e; also marked e2e")

@@ -199,3 +199,20 @@ def test_a_calibrations_progress_is_its_last_rung():
            "[calibrate]   topk 0.003: steps to the milestone seed 0 212, seed 1 > 400\n")
     assert last_progress(log) == {"summary": "rung 1: 4 runs of 400 steps"}
     assert last_progress("[calibrate] milestone: loss 0.6\n") is None
+
+
+def test_rank_0s_log_on_a_node_that_stopped_answering_times_out_instead_of_holding_the_reconciler(monkeypatch):
+    """The progress read goes through the API server to rank 0's kubelet: it has a timeout, and a timeout is no
+    progress, not an error (found on kind: a paused node held it ~5 minutes, and the lost-node check with it)."""
+    import urllib3
+    from netsense_operator import api, reconciler
+
+    calls = []
+
+    def read_log(name, namespace, **kwargs):
+        calls.append(kwargs)
+        raise urllib3.exceptions.ReadTimeoutError(None, "/logs", "Read timed out.")
+
+    monkeypatch.setattr(api, "core", lambda: SimpleNamespace(read_namespaced_pod_log=read_log))
+    assert reconciler._progress("default", {"metadata": {"name": "job-a0-w0"}}) is None
+    assert calls and calls[0]["_request_timeout"] == reconciler.PROGRESS_TIMEOUT_S

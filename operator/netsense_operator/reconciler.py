@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import kopf
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from netsense import units
@@ -100,10 +101,17 @@ def _network_status(job: Job, profile: Profile | None, epoch: float | None) -> d
     return {"rate": units.format_rate(profile.rate_at(t)), "step": profile.index_at(t), "profile": job.network["profile"]["type"]}
 
 
+# Rank 0's log comes through the API server from its node's kubelet. A node that stops answering without closing
+# the connection (frozen, or cut off half-open) would hold the read, and with it this reconcile pass and the
+# lost-node check behind it, for minutes (seen on kind: a paused node stalled a job ~5 minutes): so a timeout.
+PROGRESS_TIMEOUT_S = (3.0, 5.0)  # (connect, read)
+
+
 def _progress(namespace: str, pod: dict) -> dict | None:
     try:
-        text = api.core().read_namespaced_pod_log(pod["metadata"]["name"], namespace, container=TRAINER, tail_lines=50)
-    except (ApiException, ValueError):
+        text = api.core().read_namespaced_pod_log(pod["metadata"]["name"], namespace, container=TRAINER, tail_lines=50,
+                                                  _request_timeout=PROGRESS_TIMEOUT_S)
+    except (ApiException, ValueError, urllib3.exceptions.HTTPError):
         return None  # logs need a kubelet; progress is best effort
     return st.last_progress(text or "")
 

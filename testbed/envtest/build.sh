@@ -19,6 +19,10 @@
 # published v0.X.Y release builds the same code. etcd's server module has replace
 # lines too, so it gets a wrapper of its own; so does kwok.
 #
+# `build.sh --kind` builds what testbed/kind needs besides the node binaries: kubeadm (same
+# module graph as kubelet, into the node binaries' directory) and kind itself (its Go module,
+# KIND_VERSION, into ~/.cache/netsense/kind/kind-<version>/bin); it prints kind's directory.
+#
 # Results are cached in ~/.cache/netsense/envtest/<versions>/bin: a warm machine
 # builds nothing. If KUBEBUILDER_ASSETS is set and holds the binaries, it is used.
 set -euo pipefail
@@ -27,7 +31,16 @@ K8S_VERSION=${K8S_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+KIND_VERSION=${KIND_VERSION:-v0.33.0}
 NODE_CMDS=(kubelet kube-scheduler kube-controller-manager kube-proxy)
+
+if [[ "${1:-}" == --kind ]]; then
+  node_bin=$(bash "$0" --node)
+  kind_bin=${NETSENSE_CACHE:-$HOME/.cache/netsense}/kind/kind-${KIND_VERSION}/bin
+  if [[ -x $node_bin/kubeadm && -x $kind_bin/kind ]]; then echo "$kind_bin"; exit 0; fi
+  command -v go >/dev/null || { echo "kind: Go is needed to build kind and kubeadm: https://go.dev/doc/install" >&2; exit 1; }
+  mkdir -p "$kind_bin"
+fi
 
 if [[ "${1:-}" == --node ]]; then
   envtest_bin=$(bash "$0")
@@ -37,7 +50,7 @@ if [[ "${1:-}" == --node ]]; then
   if ((missing == 0)); then echo "$node_bin"; exit 0; fi
 fi
 
-if [[ "${1:-}" != --node && -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" \
+if [[ "${1:-}" != --node && "${1:-}" != --kind && -n "${KUBEBUILDER_ASSETS:-}" && -x "$KUBEBUILDER_ASSETS/kube-apiserver" && -x "$KUBEBUILDER_ASSETS/etcd" \
       && -x "$KUBEBUILDER_ASSETS/kubectl" ]]; then
   echo "$KUBEBUILDER_ASSETS"
   exit 0
@@ -46,7 +59,7 @@ fi
 cache=${NETSENSE_CACHE:-$HOME/.cache/netsense}/envtest/k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}
 bin=$cache/bin
 # (The directory keeps kwok's version in its name whether kwok is built or not: one cache key for both.)
-if [[ "${1:-}" != --node && -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd \
+if [[ "${1:-}" != --node && "${1:-}" != --kind && -x $bin/kube-apiserver && -x $bin/kubectl && -x $bin/etcd \
       && ( "${1:-}" != --kwok || -x $bin/kwok ) ]]; then
   echo "$bin"
   exit 0
@@ -108,6 +121,19 @@ build_coredns() {
   go build -trimpath -o "$1/coredns" -ldflags "-s -w" github.com/coredns/coredns
 }
 
+build_kind() {
+  wrapper kind "sigs.k8s.io/kind@$KIND_VERSION"
+  log "building kind $KIND_VERSION"
+  go build -trimpath -o "$1/kind" -ldflags "-s -w" sigs.k8s.io/kind
+}
+
+if [[ "${1:-}" == --kind ]]; then
+  [[ -x $node_bin/kubeadm ]] || build_kube "$node_bin" kubeadm
+  [[ -x $kind_bin/kind ]] || build_kind "$kind_bin"
+  log "done: $kind_bin (kubeadm in $node_bin)"
+  echo "$kind_bin"
+  exit 0
+fi
 if [[ "${1:-}" == --node ]]; then
   mkdir -p "$node_bin"
   build_kube "$node_bin" "${NODE_CMDS[@]}"
