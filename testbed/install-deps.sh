@@ -65,6 +65,14 @@ if ((${#kind_need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${kind_need[@]}" >/dev/null
   if ((deny)); then rm -f /usr/sbin/policy-rc.d; fi
 fi
+if ((kind)); then
+  # ... and at the next boot: the package enables docker.service and docker.socket. Masked, a host with systemd
+  # never starts Debian's dockerd with its default rules; dockerd.sh starts its own and is not a service.
+  for unit in docker.service docker.socket; do
+    rm -f /etc/systemd/system/*.wants/"$unit"
+    [[ -L /etc/systemd/system/$unit ]] || ln -sf /dev/null /etc/systemd/system/"$unit"
+  done
+fi
 
 if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
   export PATH=$PATH:/usr/local/go/bin
