@@ -32,6 +32,7 @@ from test_local_node import (  # noqa: F401  (fixtures and tests that run here a
     _job_pods,
     _phase,
     _wait,
+    campaign_grid,
     test_faults_while_running,
     test_quick_sample_runs_as_real_pods,
 )
@@ -175,12 +176,7 @@ def test_a_campaign_of_four_cells_across_the_two_workers(operator, tmp_path):
     pods on both workers; every cell reaches its target."""
     kubectl = operator
     workers = set(_workers(kubectl))
-    grid = {"name": "kind-campaign",
-            "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
-                     "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256, "targetAccuracy": 0.8,
-                                  "stopAtTarget": False, "maxSeconds": "20s", "evalEvery": 5}},
-            "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
-            "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
+    grid = campaign_grid("kind-campaign")
     path, out = tmp_path / "campaign.yaml", tmp_path / "campaign"
     path.write_text(yaml.safe_dump(grid))
     argv = [os.path.join(REPO, ".venv", "bin", "netsense"), "bench", str(path), "--cluster", "--parallel", "2",

@@ -705,19 +705,24 @@ def test_chaos_two_operator_replicas_and_the_leader_killed(operator, tmp_path):
         kubectl("delete", "nsj", "chaos-ha", "--ignore-not-found", "--wait=true")
 
 
+def campaign_grid(name: str) -> dict:
+    """A 4-cell campaign (two methods x two seeds, one 50 Mbit link) of cells that train their whole 20 s (no stop
+    at the target): long enough to be caught running, and to run two at a time (here and on kind)."""
+    return {"name": name,
+            "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+                     "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256, "targetAccuracy": 0.8,
+                                  "stopAtTarget": False, "maxSeconds": "20s", "evalEvery": 5}},
+            "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
+            "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
+
+
 def test_a_benchmark_campaign_on_the_node_side_by_side_interrupted_and_resumed(node, operator, tmp_path, request):
     """`netsense bench --cluster --parallel 2 --output-claim`: Ctrl-C while two cells run deletes their jobs (no
     NetSenseJob, no pod left, no reader pod); run again, every cell runs, its ranks' files come back from the
     volume, and the same table and plots as a local bench land; a third run reuses every finished cell and
     submits nothing."""
     kubectl = operator
-    grid = {"name": "campaign",
-            "base": {"workers": 2, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
-                     # Cells that train their whole 20 s (no stop at the target): long enough to be caught running.
-                     "training": {"model": "mlp", "dataset": "digits", "hiddenSize": 256, "targetAccuracy": 0.8,
-                                  "stopAtTarget": False, "maxSeconds": "20s", "evalEvery": 5}},
-            "methods": {"allreduce": {"method": "allreduce"}, "topk-0.1": {"method": "topk", "density": 0.1}},
-            "profiles": {"static-50": {"type": "static", "rate": "50Mbit"}}, "seeds": [0, 1]}
+    grid = campaign_grid("campaign")
     path, out = tmp_path / "campaign.yaml", tmp_path / "campaign"
     path.write_text(yaml.safe_dump(grid))
     (tmp_path / "volume.yaml").write_text(yaml.safe_dump_all(_volume(tmp_path / "volume", "campaign-output")))
