@@ -33,6 +33,8 @@ from test_local_node import (  # noqa: F401  (fixtures and tests that run here a
     _phase,
     _wait,
     campaign_grid,
+    deploy_operator,
+    kubectl_in,
     test_faults_while_running,
     test_quick_sample_runs_as_real_pods,
 )
@@ -46,23 +48,13 @@ CLUSTER = os.environ.get("NETSENSE_KIND_CLUSTER")
 def kubectl():
     if not CLUSTER or not os.environ.get("KUBECONFIG"):
         pytest.skip("no kind cluster: make kind-e2e runs these (NETSENSE_KIND_CLUSTER and KUBECONFIG unset)")
-    env = dict(os.environ)
-
-    def run(*args: str, check: bool = True, timeout: float = 300) -> str:
-        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}\n{proc.stdout[-2000:]}")
-        return proc.stdout
-
-    return run
+    return kubectl_in(dict(os.environ))
 
 
 @pytest.fixture(scope="module")
 def operator(kubectl):
     """As on the real node: what the README tells a user to type (the images are on the workers already)."""
-    kubectl("apply", "-k", os.path.join(REPO, "manifests", "overlays", "local"))
-    kubectl("wait", "--for=condition=Established", "crd/netsensejobs.netsense.dev", "--timeout=60s")
-    kubectl("-n", OPERATOR_NS, "rollout", "status", "deploy/netsense-operator", "--timeout=180s")
+    deploy_operator(kubectl)
     return kubectl
 
 

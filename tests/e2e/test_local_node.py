@@ -39,9 +39,8 @@ def node(tmp_path_factory):
     assert not left, f"the node left things behind: {left}"
 
 
-@pytest.fixture(scope="module")
-def kubectl(node):
-    env = {**os.environ, "KUBECONFIG": node.kubeconfig, "PATH": f"{node.cp.bin_dir}:{os.environ['PATH']}"}
+def kubectl_in(env: dict):
+    """kubectl with this environment (its KUBECONFIG, its PATH): stdout, or an AssertionError with its stderr."""
 
     def run(*args: str, check: bool = True, timeout: float = 300) -> str:
         proc = subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=timeout)
@@ -50,6 +49,18 @@ def kubectl(node):
         return proc.stdout
 
     return run
+
+
+def deploy_operator(kubectl) -> None:
+    """What the README tells a user to type: the local overlay, its CRD established, the operator rolled out."""
+    kubectl("apply", "-k", os.path.join(REPO, "manifests", "overlays", "local"))
+    kubectl("wait", "--for=condition=Established", "crd/netsensejobs.netsense.dev", "--timeout=60s")
+    kubectl("-n", OPERATOR_NS, "rollout", "status", "deploy/netsense-operator", "--timeout=180s")
+
+
+@pytest.fixture(scope="module")
+def kubectl(node):
+    return kubectl_in({**os.environ, "KUBECONFIG": node.kubeconfig, "PATH": f"{node.cp.bin_dir}:{os.environ['PATH']}"})
 
 
 _explained: dict = {}  # the running test's kubectl, and whether its failure has been explained already
@@ -132,9 +143,7 @@ def _phase(kubectl, name: str) -> str | None:
 @pytest.fixture(scope="module")
 def operator(kubectl):
     """What the README tells a user to type."""
-    kubectl("apply", "-k", os.path.join(REPO, "manifests", "overlays", "local"))
-    kubectl("wait", "--for=condition=Established", "crd/netsensejobs.netsense.dev", "--timeout=60s")
-    kubectl("-n", OPERATOR_NS, "rollout", "status", "deploy/netsense-operator", "--timeout=180s")
+    deploy_operator(kubectl)
     return kubectl
 
 
