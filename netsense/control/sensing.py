@@ -74,6 +74,12 @@ import statistics
 from collections import deque
 
 
+def transfer_rate(wire_bytes: float, busy: float, rounds: int, fixed: float) -> float:
+    """The rate a step's transfer ran at: its bytes over its busy time less ``rounds`` fixed parts (never less than
+    half the busy time: a fixed part read too long must not make a step look faster than twice its plain rate)."""
+    return wire_bytes / max(busy - rounds * fixed, busy / 2)
+
+
 class WindowedExtreme:
     """max (or min) of the last ``window`` samples."""
 
@@ -159,6 +165,11 @@ class LinkEstimator:
         return self.fill * self.fixed * self.bandwidth
 
     @property
+    def sample_error(self) -> float:
+        """How far under the link a measuring sample may read (its payload at least ``fill`` fixed parts): 1 + 1/fill."""
+        return 1 + 1 / self.fill
+
+    @property
     def sustained(self) -> float:
         """A rate the link will hold over the next steps (bytes/s): the harmonic mean of the rates it held since
         it last rose, never above BtlBw; BtlBw until SUSTAINED_MIN are in."""
@@ -168,7 +179,7 @@ class LinkEstimator:
         # A measuring sample reads the link low by up to its unmeasured fixed part, at most 1 / (1 + 1/fill) of it
         # (0.8 at fill 4): one within that of BtlBw read the same link, and counts as BtlBw. Only slower ones (a
         # trough, a drop) pull the plan down; a steady link is planned at BtlBw.
-        same = b / (1 + 1 / self.fill)
+        same = b / self.sample_error
         return min(b, len(self.measured) / sum(1 / (b if r >= same else r) for r in self.measured))
 
     @property
@@ -188,7 +199,7 @@ class LinkEstimator:
         if not steps:
             return 0.0
         low = self.fixed_low
-        return statistics.median(d / max(t - n * low, t / 2) for d, t, n in steps)
+        return statistics.median(transfer_rate(d, t, n, low) for d, t, n in steps)
 
     @property
     def rtt(self) -> float:
@@ -220,7 +231,7 @@ class LinkEstimator:
         limit = fixed if measured or not self.steps else max(fixed, min(s / n for _, s, n in self.steps))
         self.steps.append((d, t, rounds))
         if known and t > 2 * (rounds * limit + d / b):
-            self.slow.append(d / max(t - rounds * fixed, t / 2))
+            self.slow.append(transfer_rate(d, t, rounds, fixed))
             self.last_sample = "slow"
             # A probe (or a measuring payload) twice as slow as predicted is the drop itself, not a rank held up: it
             # was sent because the small steps cannot lower the estimate, and the next one is steps away. A probe
@@ -235,8 +246,8 @@ class LinkEstimator:
             return
         self.slow.clear()
         if known and d / b >= self.fill * fixed:
-            sample = d / max(t - rounds * self.fixed_low, t / 2)
-            if sample > (1 + 1 / self.fill) * b:  # above BtlBw by more than a sample's error: the link rose
+            sample = transfer_rate(d, t, rounds, self.fixed_low)
+            if sample > self.sample_error * b:  # above BtlBw by more than a sample's error: the link rose
                 self.measured.clear()
             self.btlbw.add(sample)
             self.measured.append(sample)
