@@ -321,10 +321,10 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
             finish(st.FAILED, "PendingTimeout", f"the gang was not all running {limit}s after the job became "
                    "Pending" + (f": {waiting}" if waiting else ""), pods)
             return
-    if phases.get(0) == "Succeeded" and counts["succeeded"] == job.pods and job.mode == "calibrate":
-        _calibrated(job, name, namespace, uid, by_rank[0], status, patch, finish)
-        return
     if phases.get(0) == "Succeeded" and counts["succeeded"] == job.pods:
+        if job.mode == "calibrate":
+            _calibrated(job, name, namespace, uid, by_rank[0], status, patch, finish)
+            return
         result = st.result_of(by_rank[0])
         message = "training finished"
         if result:

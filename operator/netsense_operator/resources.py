@@ -207,6 +207,21 @@ def output_dir(job: Job, attempt: int, rank: int) -> str:
     return "/".join(p for p in (path, job.name, f"attempt-{attempt}", f"rank-{first}") if p)
 
 
+def trainer_security() -> dict:
+    """The trainer container's securityContext, Pod Security "restricted": it needs no privilege at all (a fresh
+    dict: the pod is the caller's)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID}
+
+
+def trainer_pod_confinement() -> dict:
+    """The pod-level half of a trainer's confinement (a worker's pod, a calibration's): no service-account token
+    (it never talks to the API), no service links, a short grace, seccomp RuntimeDefault. Fresh dicts:
+    _mount_output adds fsGroup to the securityContext."""
+    return {"automountServiceAccountToken": False, "enableServiceLinks": False, "terminationGracePeriodSeconds": 10,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
+
+
 def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shaper_image: str = SHAPER_IMAGE,
                worker_image: str = DEFAULT_IMAGE) -> dict:
     """Rank ``rank``'s pod of ``attempt``; the trainer runs the job's image, else ``worker_image`` (the
@@ -237,9 +252,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
         "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT}],
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
-        # Pod Security "restricted": the trainer needs no privilege at all.
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID},
+        "securityContext": trainer_security(),
         "resources": podtemplate.quantities(job.spec.get("resources") or TRAINER_RESOURCES),
     }
     spec: dict = {
@@ -250,10 +263,7 @@ def worker_pod(job: Job, namespace: str, uid: str, rank: int, attempt: int, shap
             "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                                "labelSelector": {"matchLabels": {LABEL_JOB_UID: uid}}}}]}},
         "restartPolicy": "Never",  # a failed rank fails the gang; the operator restarts it whole
-        "automountServiceAccountToken": False,  # workers never talk to the API
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 10,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        **trainer_pod_confinement(),
         "hostname": f"w{rank}",
         "containers": [trainer],
         "volumes": [{"name": JOB_VOLUME["name"], "configMap": {"name": config_name(job.name)}}],
@@ -314,17 +324,13 @@ def calibrate_pod(job: Job, namespace: str, uid: str, attempt: int, worker_image
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID},
+        "securityContext": trainer_security(),
         "resources": podtemplate.quantities(job.spec.get("resources") or TRAINER_RESOURCES),
         "volumeMounts": [dict(JOB_VOLUME)],
     }
     spec: dict = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 10,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        **trainer_pod_confinement(),
         "containers": [trainer],
         "volumes": [{"name": JOB_VOLUME["name"], "configMap": {"name": config_name(job.name)}}],
     }
