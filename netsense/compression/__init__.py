@@ -83,13 +83,14 @@ def read_penalties(path: str | None) -> Penalties | None:
 def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | str | None = None,
              process_group: dist.ProcessGroup | None = None, seed: int = 0,
              momentum: float = 0.0, weight_decay: float = 0.0, null_wire: bool = False,
-             clock: RealClock | None = None) -> MeasuredState:
+             clock: RealClock | None = None, reading=None) -> MeasuredState:
     """Register the hook for ``config['method']`` on a DDP model; returns its state.
 
     ``momentum`` and ``weight_decay`` are the SGD optimizer's: a method with momentumCorrection applies
     them in the hook (memory.LocalMomentum), and the optimizer must then use ``state.optimizer_terms``.
     ``null_wire``: the collectives move no bytes (communicator.py; benchmarks only: the ranks do not train as
-    one model). ``clock``: what a step costs in time (netsense.clock; default the real one).
+    one model). ``clock``: what a step costs in time (netsense.clock; default the real one). ``reading``: a
+    netsense.train.reading.Reading shown each bucket's gradient before the hook changes it (a study's trace).
     """
     c = validate_config(config)
     method = c["method"]
@@ -101,7 +102,7 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
                                lambda b: dense_allreduce_bytes(b.buffer().numel(), world, fp16=True),
                                process_group, fp16=True, always_dense=True)
         state.clock = clock or REAL
-        model.register_comm_hook(state, torch_hook)
+        model.register_comm_hook(state, _read_first(torch_hook, reading))
         return state
     shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
     numel = sum(math.prod(shape) for shape in shapes)
@@ -136,5 +137,16 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
                              seed=seed, momentum=local,
                              shared=shared, null_wire=null_wire)
     state.clock = clock or REAL
-    model.register_comm_hook(state, compress_hook)
+    model.register_comm_hook(state, _read_first(compress_hook, reading))
     return state
+
+
+def _read_first(hook, reading):
+    """``hook``, with ``reading`` shown each bucket's gradient first (as computed: nothing has changed it yet)."""
+    if reading is None:
+        return hook
+
+    def read_then_hook(state, bucket):
+        reading.observe(bucket.index(), bucket.buffer(), bucket.gradients())
+        return hook(state, bucket)
+    return read_then_hook

@@ -53,6 +53,7 @@ from netsense.spec.schema import Issue
 from netsense.train import calibrate
 from netsense.train.data import ShardedBatches, load_dataset
 from netsense.train.models import build_model
+from netsense.train.reading import Reading
 from netsense.train.results import Timeline, compact, write_result
 
 SYNC_EVERY = 10  # steps between stop-flag agreements
@@ -158,10 +159,12 @@ class Trainer:
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                          gradient_as_bucket_view=True, **ddp_options(self.job.compression, self.backend))
         sgd = self.t["optimizer"] == "sgd"  # momentum correction is SGD's: Adam keeps its own terms
+        self.reading = Reading(self.t["readingSteps"], seed=self.t["seed"] + 1000 * self.rank) \
+            if self.t["readingSteps"] else None
         self.hook = register(self.model, self.job.compression, seed=self.t["seed"],
                              momentum=self.t["momentum"] if sgd else 0.0,
                              weight_decay=self.t["weightDecay"] if sgd else 0.0, null_wire=self.t["nullWire"],
-                             clock=self.clock)
+                             clock=self.clock, reading=self.reading)
         if not sgd:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
@@ -306,6 +309,8 @@ class Trainer:
                 rec = self.hook.end_step() or {}
                 s.step += 1
                 s.last_loss = float(loss.detach())
+                if self.reading is not None:
+                    self.reading.end_step(s.step, s.last_loss)
                 step_time = self.clock.now() - t0
                 s.train_time = self.clock.now() - start - s.eval_seconds
                 self.timeline.add(
@@ -449,6 +454,8 @@ class Trainer:
             if (unseen := unseen_changes(self.profile, s.train_time)) else [],
             "clock": "simulated" if self.clock.simulated else "real",
             "simulation": self.simulation,
+            # spec.training.readingSteps: what each candidate compressor would keep of this rank's gradient
+            "reading": None if self.reading is None else self.reading.record(),
         }
 
 
