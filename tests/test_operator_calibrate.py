@@ -132,6 +132,42 @@ def test_a_calibrate_job_then_a_tta_job_on_its_profile(kube, ns, operator):
     assert all(any(v.config_map and v.config_map.name == "cal-penalties" for v in p.spec.volumes) for p in pods)
 
 
+def _condition(status: dict, kind: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def test_a_tta_job_applied_with_its_calibration_waits_for_the_profile_then_runs(kube, ns, operator):
+    """A calibrate job and the tta job that reads its profile, applied together: the tta job waits (Pending, no
+    pod, PodsReady False naming the calibration) until the ConfigMap is written, then makes its gang."""
+    kube.create_job(ns, "cal", calibrate_spec())
+    (pod,) = wait_for(lambda: kube.pods(ns, "cal"), what="the calibration pod")
+    kube.set_pod_phase(ns, pod.metadata.name, "Running")
+    running = status_of(kube, ns, "cal", "Running")
+    assert _condition(running, "Running")["message"] == "the calibration pod running"
+    kube.create_job(ns, "tta", quick_spec(compression={"method": "tta", "penalties": "configmap:cal-penalties"}))
+    st = wait_for(lambda: _condition(s := kube.status(ns, "tta"), "PodsReady").get("reason") == "WaitingForCalibration"
+                  and s, what="waiting for the calibration")
+    assert st["phase"] == "Pending" and "calibrate job cal" in _condition(st, "PodsReady")["message"]
+    time.sleep(1)  # two reconcile intervals: still waiting, nothing made
+    assert not kube.pods(ns, "tta") and kube.status(ns, "tta")["phase"] == "Pending"
+    kube.set_pod_phase(ns, pod.metadata.name, "Succeeded", message=json.dumps(PROFILE))
+    pods = wait_for(lambda: len(kube.pods(ns, "tta")) == 2 and kube.pods(ns, "tta"), what="the gang")
+    assert all(any(v.config_map and v.config_map.name == "cal-penalties" for v in p.spec.volumes) for p in pods)
+
+
+def test_a_tta_job_waiting_for_a_calibration_that_fails_fails_naming_the_field(kube, ns, operator):
+    kube.create_job(ns, "cal", calibrate_spec(runPolicy={"backoffLimit": 0}))
+    (pod,) = wait_for(lambda: kube.pods(ns, "cal"), what="the calibration pod")
+    kube.create_job(ns, "tta", quick_spec(compression={"method": "tta", "penalties": "configmap:cal-penalties"}))
+    wait_for(lambda: _condition(kube.status(ns, "tta"), "PodsReady").get("reason") == "WaitingForCalibration",
+             what="waiting for the calibration")
+    kube.set_pod_phase(ns, pod.metadata.name, "Failed", exit_code=1, message="calibration failed")
+    st = status_of(kube, ns, "tta", "Failed")
+    assert st["reason"] == "InvalidSpec" and st["message"].startswith("spec.compression.penalties: ConfigMap "
+                                                                      "cal-penalties does not exist")
+    assert not kube.pods(ns, "tta")
+
+
 @pytest.mark.parametrize("data, why", [
     (None, "ConfigMap gone does not exist in namespace"),
     ({"profile.json": "{}"}, "ConfigMap gone has no key penalties.json (keys: profile.json)"),

@@ -203,6 +203,19 @@ def write_result(name: str, namespace: str, result: dict) -> None:
         raise kopf.TemporaryError(f"writing the result: {api_message(e)}", delay=2) from e
 
 
+def calibration_writing(configmap: str, namespace: str) -> str | None:
+    """The calibrate job that will write ``configmap`` when it succeeds (a NetSenseJob NAME in ``namespace``
+    with spec.mode calibrate, for the ConfigMap NAME-penalties, still running), or None."""
+    suffix = "-penalties"
+    if not configmap.endswith(suffix):
+        return None
+    job = read_job(configmap[:-len(suffix)], namespace)
+    if job is None or (job.get("spec") or {}).get("mode") != "calibrate":
+        return None
+    phase = (job.get("status") or {}).get("phase")
+    return None if phase in ("Succeeded", "Failed") else job["metadata"]["name"]
+
+
 def check_penalties(name: str, namespace: str) -> str | None:
     """Why a tta job's penalties ConfigMap (spec.compression.penalties: configmap:NAME) cannot serve it (None: it
     can): missing, without penalties.json, or not a profile. Read once, when the job starts: a pod waiting for a

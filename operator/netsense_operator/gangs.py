@@ -13,6 +13,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from netsense.spec import Job, fence
+from netsense.spec.job import penalties_configmap
 from netsense_operator import api, gate, nodes, quota
 from netsense_operator import resources as res
 
@@ -162,6 +163,21 @@ def release(uid: str) -> None:
             _room.clear()  # the next admission lists again: what was reserved counts where it is bound
 
 
+def _check_penalties(job: Job, namespace: str) -> None:
+    """A tta job's penalties ConfigMap (spec.compression.penalties: configmap:NAME), read before its pods are made:
+    one that cannot serve it fails the job naming the field (a pod waiting for a ConfigMap that is not there would
+    wait without saying why), unless it is missing because the calibrate job that writes it is still running (a
+    calibrate job and a tta job applied together): then the gang waits for it (api.AdmissionWait), and fails
+    should that calibration fail."""
+    name = penalties_configmap(job.compression) if job.mode != "calibrate" else None
+    if name is None or (why := api.check_penalties(name, namespace)) is None:
+        return
+    if (calibration := api.calibration_writing(name, namespace)) is not None:
+        raise api.AdmissionWait("WaitingForCalibration", f"ConfigMap {name} is written by the calibrate job "
+                                f"{calibration} when it succeeds: waiting for it")
+    raise api.Refused("InvalidSpec", f"spec.compression.penalties: {why}")
+
+
 def create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[int] | None = None) -> None:
     """The gang whole or not at all. Every pod is built and checked against the fence's rules
     (netsense.spec.fence) before the first is created: a pod no job may have is a defect of ours, said plainly,
@@ -173,6 +189,7 @@ def create_gang(job: Job, namespace: str, uid: str, attempt: int, ranks: list[in
     for pod in pods:
         if broken := fence.violations(pod):
             raise api.Refused("InvalidPod", f"Pod {pod['metadata']['name']} breaks the fence: {'; '.join(broken)}")
+    _check_penalties(job, namespace)
     _check_quota(namespace, uid, pods)
     made = 0
     try:

@@ -30,8 +30,6 @@ import kopf
 
 from netsense.kubeclient import load_kube_config
 from netsense.spec import GROUP, PLURAL, VERSION, SpecError, check_cluster, parse_spec
-from netsense.spec.job import penalties_configmap
-from netsense.spec.schema import Issue
 from netsense_operator import api, gangs, leader, metrics, podindex, reconciler
 from netsense_operator import resources as res
 from netsense_operator import status as st
@@ -110,10 +108,7 @@ def _start(name: str, namespace: str, uid: str, spec: dict, patch: kopf.Patch, b
         with warnings.catch_warnings(record=True) as deprecated:
             warnings.simplefilter("always", FutureWarning)
             job = parse_spec(copy.deepcopy(dict(spec)), name)
-        check_cluster(job)
-        if job.mode != "calibrate" and (penalties := penalties_configmap(job.compression)) is not None:
-            if why := api.check_penalties(penalties, namespace):
-                raise SpecError([Issue("spec.compression.penalties", why)])
+        check_cluster(job)  # a penalties ConfigMap is read when the gang is made (gangs.create_gang)
     except SpecError as e:
         reconciler.fail_early(patch, body, "InvalidSpec", str(e))
         logger.warning(f"invalid spec: {e}")

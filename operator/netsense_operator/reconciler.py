@@ -340,10 +340,9 @@ def reconcile(name: str, namespace: str, uid: str, spec: dict, status: dict, pat
         return
     if counts["running"] + counts["succeeded"] == job.pods and counts["running"] > 0:
         if phase != st.RUNNING:
-            conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning",
-                                          f"{job.pods} worker(s) running")
-            conditions = st.set_condition(conditions, "PodsReady", "True", "AllRunning",
-                                          f"{job.pods} worker(s) running")
+            running = "the calibration pod running" if job.mode == "calibrate" else f"{job.pods} worker(s) running"
+            conditions = st.set_condition(conditions, "Running", "True", "AllWorkersRunning", running)
+            conditions = st.set_condition(conditions, "PodsReady", "True", "AllRunning", running)
             if int(status.get("restarts", 0)):
                 conditions = st.set_condition(conditions, "Restarting", "False", "GangRunning",
                                               f"attempt {attempt} running")
