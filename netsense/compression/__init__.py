@@ -147,6 +147,6 @@ def _read_first(hook, reading):
         return hook
 
     def read_then_hook(state, bucket):
-        reading.observe(bucket.index(), bucket.buffer(), bucket.gradients())
+        reading.observe(bucket.index(), bucket.buffer(), bucket.gradients(), bucket.parameters())
         return hook(state, bucket)
     return read_then_hook

@@ -46,7 +46,9 @@ class Reading:
     def __init__(self, steps: int, seed: int = 0):
         self.steps = steps
         self.rows: list[dict] = []
-        self._q: dict[tuple[int, int, int], torch.Tensor] = {}  # (bucket, parameter, rank) -> warm start
+        # (parameter, rank) -> its warm start: keyed by the parameter, not by its place in a bucket, since DDP
+        # rebuilds its buckets after the first step (a bucket's index then holds other parameters)
+        self._q: dict[tuple[int, int], torch.Tensor] = {}
         self._generator = torch.Generator().manual_seed(seed)
         self._step: dict[str, float] | None = None
         self._seconds = 0.0
@@ -55,8 +57,9 @@ class Reading:
     def active(self) -> bool:
         return len(self.rows) < self.steps
 
-    def observe(self, index: int, buf: torch.Tensor, views: list[torch.Tensor]) -> None:
-        """One bucket's gradient (its flat buffer and the parameters' views into it), before the hook changes it."""
+    def observe(self, index: int, buf: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+        """One bucket's gradient (its flat buffer, the parameters' views into it, the parameters), before the hook
+        changes it."""
         if not self.active:
             return
         t0 = time.perf_counter()
@@ -71,17 +74,17 @@ class Reading:
         top = torch.topk(flat.abs(), min(max(ks), n), sorted=True).values.square().cumsum(0)
         for d, k in zip(DENSITIES, ks, strict=True):
             kept[f"topk:{d}"] += float(top[min(k, n) - 1])
-        for j, view in enumerate(views):
+        for view, param in zip(views, params, strict=True):
             g = view.detach().float()
             for r in RANKS:
                 shape = matrix_shape(tuple(g.shape), r)
                 if shape is None:
                     kept[f"powersgd:{r}"] += float(g.square().sum())
                     continue
-                kept[f"powersgd:{r}"] += self._power_kept(g.reshape(shape), (index, j, r), min(r, *shape))
+                kept[f"powersgd:{r}"] += self._power_kept(g.reshape(shape), (id(param), r), min(r, *shape))
         self._seconds += time.perf_counter() - t0
 
-    def _power_kept(self, m: torch.Tensor, key: tuple[int, int, int], rank: int) -> float:
+    def _power_kept(self, m: torch.Tensor, key: tuple[int, int], rank: int) -> float:
         q = self._q.get(key)
         if q is None:
             q = torch.randn(m.shape[1], rank, generator=self._generator)
