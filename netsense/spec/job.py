@@ -240,7 +240,8 @@ TRAINING = Obj({
     "readingSteps": F(Int(min=0, doc="study instrument: for the first N steps, record what each candidate "
                           "compressor (TopK 0.1/0.5/2%, PowerSGD rank 1/4) would keep of rank 0's gradient, in "
                           "result.json's reading (netsense.train.reading; its work is not priced by the simulated "
-                          "clock, timed apart); 0: off"), default=0),
+                          "clock, timed apart); it decides nothing: as a rule it failed its registered bar "
+                          "(testbed/studies/reading/RESULTS.md); 0: off"), default=0),
     "threads": F(Int(min=1, max=256, doc="torch threads per worker"), default=1),
     "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
     "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "

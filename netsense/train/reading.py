@@ -1,6 +1,7 @@
 """An in-run reading of what each candidate compressor would keep of this task's gradient (issue 62, item 3): a
-study instrument, recorded for the first ``steps`` steps of a run (spec.training.readingSteps) and validated
-before anything decides on it (testbed/studies/reading/: registration, traces and the decision-level table).
+study instrument, recorded for the first ``steps`` steps of a run (spec.training.readingSteps). Judged at the
+decision level as registered (testbed/studies/reading/), it failed its bar (2 of 8 tasks within 1.1x of the
+hindsight-best, the bar 7): nothing decides on it.
 
 Per step, of each rank's own gradient as computed (before error feedback, momentum correction or the
 collective), summed over the step's buckets:
