@@ -132,6 +132,7 @@ class Trainer:
         self.state = RunState()
         self.clock: RealClock | SimulatedClock = REAL
         self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
+        self.reading: Reading | None = None  # spec.training.readingSteps' instrument, made in setup
         if job.network["clock"] == "simulated":
             # Deterministic kernels (and one thread, which validation holds it to): the same job and seed give
             # the same run, bit for bit.
