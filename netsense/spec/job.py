@@ -162,6 +162,9 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
         errors.add(f"{path}.model", f"mnist1d's 1-D signals take model {' or '.join(SIGNAL_MODELS)} (got {model})")
     elif model in SIGNAL_ONLY_MODELS and dataset != "mnist1d":
         errors.add(f"{path}.model", f"{model} takes 1-D signals: use it with dataset mnist1d (got {dataset})")
+    if "targetAccuracy" in t and "targetLoss" in t:
+        errors.add(f"{path}.targetLoss", "give one target, targetAccuracy or targetLoss, not both: a run has one "
+                                         "time to target (time_to_accuracy_s) and stops at one")
     if t.get("backend") == "nccl" and t.get("device") == "cpu":
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
@@ -221,11 +224,16 @@ TRAINING = Obj({
     "momentum": F(Float(min=0, max=1), default=0.9),
     "weightDecay": F(Float(min=0), default=5e-4),
     "seed": F(Int(min=0), default=0),
-    "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True)),
-    "targetHold": F(Int(min=1, doc="evaluations in a row at or above targetAccuracy before the target counts as "
-                        "reached; the time to accuracy is the first of them (a single lucky evaluation is not "
-                        "a result)"), default=3),
-    "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached (held targetHold evaluations)"), default=True),
+    "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True, doc="the target: an evaluation's accuracy at or "
+                              "above it (not with targetLoss)")),
+    "targetLoss": F(Float(min=0, exclusive_min=True, doc="the target instead as a loss: an evaluation's mean "
+                          "cross-entropy on the evaluation samples (per next token for gpt) at or below it (not "
+                          "with targetAccuracy). result.json's time_to_accuracy_s is then the time to this loss, "
+                          "and target_metric says loss")),
+    "targetHold": F(Int(min=1, doc="evaluations in a row that meet the target (targetAccuracy or targetLoss) "
+                        "before it counts as reached; the time to the target is the first of them (a single lucky "
+                        "evaluation is not a result)"), default=3),
+    "stopAtTarget": F(Bool(doc="stop once the target is reached (held targetHold evaluations)"), default=True),
     "minEpochs": F(Float(min=0, exclusive_min=True, doc="with stopAtTarget, train at least this many epochs "
                          "before stopping at the target (the budget still stops a run), so that the accuracy "
                          "after equal epochs can be read off every run")),
@@ -250,7 +258,9 @@ TRAINING = Obj({
     "mnist1dSamples": F(Int(min=100, doc="MNIST-1D samples made (80% train); 5000: the published set"),
                         default=5000),
     "syntheticClasses": F(Int(min=2), default=10),
-}, checks=[_check_training])
+}, checks=[_check_training], cel=[
+    {"rule": "!(has(self.targetAccuracy) && has(self.targetLoss))",
+     "message": "give one target, targetAccuracy or targetLoss, not both"}])
 
 _ERROR_FEEDBACK = F(Bool(doc="keep what is not sent and add it to the next step's gradient"), default=True)
 _WARMUP = F(Int(min=0, doc="dense steps before compressing"), default=0)

@@ -13,7 +13,18 @@ Both have 11.2M parameters, so both put 45 MB of fp32 gradient on the wire.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The training loss of every model: a classifier's logits (N, C) against labels (N,), or a sequence model's
+    next-token logits (N, T, V) against the next tokens (N, T), each position one prediction (its mean: the mean
+    per token). F.cross_entropy takes a sequence's classes in dimension 1, (N, V, T); flattening the positions
+    into the batch instead keeps the model's output contiguous and the classifier's path one call."""
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+    return F.cross_entropy(logits, targets, reduction=reduction)
 
 
 def resnet18(in_channels: int, classes: int, cifar_stem: bool = False) -> nn.Module:
