@@ -43,8 +43,8 @@ PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install names the real one
 
-MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d")
-DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
+MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d", "gpt")
+DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic", "pysource")
 # tta settings tried and not adopted, removed (issue 62, item 4; git keeps them): field -> (its old default, what it
 # was). The last commit with them is REMOVED_AT. At its old default a field changed nothing and is accepted and
 # dropped (a job a cluster recorded with every default filled in still parses); any other value is refused by name. A
@@ -64,6 +64,7 @@ REMOVED_TTA = {
 REMOVED_AT = "8e920e0fa63780cfa321c8a96695848134075ecf"
 SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
 SIGNAL_MODELS = ("mlp", *SIGNAL_ONLY_MODELS)  # what takes MNIST-1D's 1-D signals (the others take images)
+TEXT_MODELS = ("gpt",)  # take pysource's tokens, and pysource takes nothing else
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -158,7 +159,10 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
     if "maxSeconds" in t and units.parse_duration(t["maxSeconds"]) <= 0:
         errors.add(f"{path}.maxSeconds", "must be longer than 0s")
     model, dataset = t.get("model"), t.get("dataset")
-    if dataset == "mnist1d" and model not in SIGNAL_MODELS:
+    if (dataset == "pysource") != (model in TEXT_MODELS):
+        errors.add(f"{path}.model", f"dataset pysource (text) takes model {' or '.join(TEXT_MODELS)} and "
+                                    f"{' or '.join(TEXT_MODELS)} takes nothing else (got {model} on {dataset})")
+    elif dataset == "mnist1d" and model not in SIGNAL_MODELS:
         errors.add(f"{path}.model", f"mnist1d's 1-D signals take model {' or '.join(SIGNAL_MODELS)} (got {model})")
     elif model in SIGNAL_ONLY_MODELS and dataset != "mnist1d":
         errors.add(f"{path}.model", f"{model} takes 1-D signals: use it with dataset mnist1d (got {dataset})")
@@ -253,11 +257,19 @@ TRAINING = Obj({
     "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
     "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "
                     "one GPU among ranks (NCCL refuses two ranks on one device)"), default="auto"),
-    "hiddenSize": F(Int(min=1, doc="width of the mlp/cnn models"), default=512),
+    "hiddenSize": F(Int(min=1, doc="width of the models, scaled per model (netsense.train.models): the mlp's "
+                        "hidden layers; transformer1d's and gpt's width hiddenSize // 4"), default=512),
     "syntheticSamples": F(Int(min=1), default=4096),
     "mnist1dSamples": F(Int(min=100, doc="MNIST-1D samples made (80% train); 5000: the published set"),
                         default=5000),
     "syntheticClasses": F(Int(min=2), default=10),
+    "contextLength": F(Int(min=2, max=4096, doc="pysource: the tokens (bytes) of a sample, gpt's context; each "
+                           "window's next bytes are its targets"), default=64),
+    "pysourceBytes": F(Int(min=10_000, max=16_000_000, doc="pysource: how much of the standard library's .py "
+                           "sources to take (those of the Python running the trainer; files in sorted path order "
+                           "without the tests, the encodings' tables and third-party packages; all of them where "
+                           "they hold less, ~10 MB): the last tenth the validation set. The text differs between "
+                           "Python versions: result.json's text.sha256 says which it was"), default=4_000_000),
 }, checks=[_check_training], cel=[
     {"rule": "!(has(self.targetAccuracy) && has(self.targetLoss))",
      "message": "give one target, targetAccuracy or targetLoss, not both"}])

@@ -1,6 +1,6 @@
 """Models for small images: ResNet18 and VGG16 on 32x32 inputs (CIFAR), an MLP and a CNN; for MNIST-1D's
-1-D signals its reference CNN (cnn1d), an all-convolutional net (allconv1d) and a small transformer
-(transformer1d).
+1-D signals its reference CNN (cnn1d), an all-convolutional net (allconv1d), a small transformer
+(transformer1d); for text (pysource), a small causal transformer (gpt).
 
 ``resnet18`` is torchvision's ResNet18 as is, with the dataset's classes and
 input channels: on 32x32 images its ImageNet stem (stride-2 conv and max-pool)
@@ -129,7 +129,38 @@ class Transformer1d(nn.Module):
         return self.head(self.norm(self.encoder(self.embed(tokens) + self.position)).mean(1))
 
 
+class GPT(nn.Module):
+    """A small causal transformer over tokens (pysource's bytes): a token embedding and a learned position per
+    place in the context, ``layers`` pre-norm encoder layers (``heads`` heads, feed-forward 4x the width, no
+    dropout) under a causal mask, a final norm and the next-token logits (N, T, vocab) from the token
+    embedding's own matrix (weight-tied: the output layer adds no parameters). Width hidden // 4 (hiddenSize
+    512: 128; 2 layers: 0.44M parameters at a context of 64). Pre-norm, as transformer1d, so that it trains
+    with the SGD and momentum every job uses without a warm-up. The mask is made in every forward pass (a
+    buffer would be broadcast by DDP every step)."""
+
+    def __init__(self, vocab: int, context: int, hidden: int, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        width = max(heads * 4, hidden // 4)
+        self.embed = nn.Embedding(vocab, width)
+        nn.init.normal_(self.embed.weight, std=0.02)  # small: tied, it is also the output layer (loss ~ ln vocab)
+        self.position = nn.Parameter(torch.randn(1, context, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=x.device)
+        h = self.blocks(self.embed(x) + self.position[:, :t], mask=mask, is_causal=True)
+        return self.norm(h) @ self.embed.weight.t()
+
+
 def build_model(name: str, input_shape: tuple[int, ...], classes: int, hidden: int = 512) -> nn.Module:
+    """``input_shape``: a sample's shape (a token model's: its context length); ``classes``: the classes, or a
+    token model's vocabulary."""
+    if name == "gpt":
+        return GPT(classes, input_shape[-1], hidden)
     channels = input_shape[0]
     if name == "cnn1d":
         return cnn1d(channels, input_shape[-1], classes, hidden)

@@ -145,6 +145,7 @@ class Trainer:
         self.clock: RealClock | SimulatedClock = REAL
         self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
         self.reading: Reading | None = None  # spec.training.readingSteps' instrument, made in setup
+        self.data_source: dict | None = None  # what a dataset made from local files was made of (pysource's text)
         if job.network["clock"] == "simulated":
             # Deterministic kernels (and one thread, which validation holds it to): the same job and seed give
             # the same run, bit for bit.
@@ -164,6 +165,7 @@ class Trainer:
         dist.init_process_group(self.backend, rank=self.rank, world_size=self.world,
                                 timeout=datetime.timedelta(seconds=timeout))
         self.data = load_dataset(self.t)
+        self.data_source = self.data.source
         torch.manual_seed(self.t["seed"])  # identical initial weights (DDP also broadcasts them)
         model = build_model(self.t["model"], self.data.input_shape, self.data.classes, self.t["hiddenSize"])
         model.to(self.device)
@@ -428,6 +430,8 @@ class Trainer:
             "workers": self.world,
             "model": self.t["model"],
             "dataset": self.t["dataset"],
+            # pysource: the text trained on (sha256, bytes, files, Python version): it differs between Pythons
+            "text": self.data_source,
             "status": "Succeeded",
             "throughput_samples_per_s": round(self.timeline.steady_throughput(samples_per_step), 3),
             "wall_seconds": round(wall, 3),
