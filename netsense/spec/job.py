@@ -43,7 +43,7 @@ PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install names the real one
 
-MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d", "gpt")
+MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d", "gru1d", "gpt")
 DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic", "pysource")
 # tta settings tried and not adopted, removed (issue 62, item 4; git keeps them): field -> (its old default, what it
 # was). The last commit with them is REMOVED_AT. At its old default a field changed nothing and is accepted and
@@ -62,7 +62,7 @@ REMOVED_TTA = {
                         "probe is bounded now (issue 62, item 5)"),
 }
 REMOVED_AT = "8e920e0fa63780cfa321c8a96695848134075ecf"
-SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
+SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d", "gru1d")  # MNIST-1D's 1-D signals and nothing else
 SIGNAL_MODELS = ("mlp", *SIGNAL_ONLY_MODELS)  # what takes MNIST-1D's 1-D signals (the others take images)
 TEXT_MODELS = ("gpt",)  # take pysource's tokens, and pysource takes nothing else
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -258,7 +258,7 @@ TRAINING = Obj({
     "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "
                     "one GPU among ranks (NCCL refuses two ranks on one device)"), default="auto"),
     "hiddenSize": F(Int(min=1, doc="width of the models, scaled per model (netsense.train.models): the mlp's "
-                        "hidden layers; transformer1d's and gpt's width hiddenSize // 4"), default=512),
+                        "hidden layers; transformer1d's, gpt's and gru1d's width hiddenSize // 4"), default=512),
     "syntheticSamples": F(Int(min=1), default=4096),
     "mnist1dSamples": F(Int(min=100, doc="MNIST-1D samples made (80% train); 5000: the published set"),
                         default=5000),
