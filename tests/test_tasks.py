@@ -115,6 +115,7 @@ def test_bad_tasks_are_refused_naming_the_field(training, field, why):
         parse_spec({"training": training})
 
 
+@pytest.mark.gloo  # two ranks on loopback, as test_clock's simulated runs
 def test_a_tiny_gpt_reaches_a_loose_loss_target_on_the_simulated_clock(tmp_path):
     """netsense run: 2 workers, 30 steps, the compute step measured (calibrate.compute_seconds on the sequence
     model's loss), held to a loss target; result.json says which target, which text, and the loss curve it was
