@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from netsense.spec import parse_spec
+from netsense.spec import SpecError, parse_spec
 from netsense.train import trainer as trainer_module
-from netsense.train.trainer import Trainer
+from netsense.train.trainer import Evaluation, Trainer
 
 
 def _trainer(monkeypatch, **target) -> Trainer:
@@ -30,11 +30,11 @@ def _trainer(monkeypatch, **target) -> Trainer:
     return trainer
 
 
-def _run(trainer: Trainer, curve: list[float], monkeypatch) -> list[bool]:
-    """Evaluate at steps 10, 20, ... (training time 1.5 s a step of ten) with these accuracies; returns whether
-    the run would stop after each evaluation."""
-    accuracies = iter(curve)
-    monkeypatch.setattr(trainer_module, "evaluate", lambda *args, **kwargs: next(accuracies))
+def _run(trainer: Trainer, curve: list[float], monkeypatch, losses: list[float] | None = None) -> list[bool]:
+    """Evaluate at steps 10, 20, ... (training time 1.5 s a step of ten) with these accuracies (and these
+    losses; default: 1 - accuracy); returns whether the run would stop after each evaluation."""
+    evaluations = iter(Evaluation(a, 1 - a if losses is None else losses[i]) for i, a in enumerate(curve))
+    monkeypatch.setattr(trainer_module, "evaluate", lambda *args, **kwargs: next(evaluations))
     stops = []
     for i in range(len(curve)):
         trainer.state.step, trainer.state.train_time = 10 * (i + 1), 1.5 * (i + 1)
@@ -84,3 +84,82 @@ def test_without_a_target_nothing_is_reached_or_missed(monkeypatch):
     result = trainer._result(64, 5.0)
     assert result["target_accuracy"] is None and result["target_reached"] is None
     assert result["time_to_accuracy_s"] is None
+
+
+# ---- a loss target (targetLoss): the same hold, in the other direction, on the evaluations' mean loss -------------
+
+def test_a_loss_target_counts_evaluations_at_or_below_it_and_is_read_off_the_loss_curve(monkeypatch):
+    from netsense.bench.stats import reached_at, steps_to_target
+
+    trainer = _trainer(monkeypatch, targetLoss=1.0, targetHold=2)
+    # accuracies that would never reach anything: only the loss counts
+    stops = _run(trainer, [0.1] * 6, monkeypatch, losses=[2.0, 0.9, 1.2, 1.0, 0.8, 0.7])
+    assert stops == [False, False, False, False, True, True]  # step 40 (1.0: at the target) and 50 held it
+    result = trainer._result(64, 10.0)
+    assert result["target_metric"] == "loss" and result["target_loss"] == 1.0 and result["target_accuracy"] is None
+    assert result["time_to_accuracy_s"] == 6.0 and result["target_reached"] is True  # step 40's: 4 x 1.5 s
+    assert [v for _, _, v in result["loss_curve"]] == [2.0, 0.9, 1.2, 1.0, 0.8, 0.7]
+    assert result["best_eval_loss"] == 0.7 and result["final_eval_loss"] == 0.7
+    # the bench reads the same verdict off the curve, and a further (looser) loss target on the way
+    assert reached_at(result) == (40, 6.0) and steps_to_target(result) == 40
+    assert reached_at(result, 1.5) == (20, 3.0)
+
+
+def test_a_loss_target_never_held_is_missed_and_said_so(monkeypatch):
+    from netsense.train.results import summary_lines
+
+    trainer = _trainer(monkeypatch, targetLoss=0.5)
+    assert not any(_run(trainer, [0.99] * 5, monkeypatch, losses=[0.6, 0.4, 0.45, 0.7, 0.3]))
+    result = trainer._result(64, 10.0)
+    assert result["target_reached"] is False and result["time_to_accuracy_s"] is None
+    result["status"] = "Succeeded"
+    assert "target loss 0.5: NOT reached" in summary_lines(result)[1]
+
+
+def test_an_accuracy_run_records_its_loss_curve_and_says_its_metric(monkeypatch):
+    trainer = _trainer(monkeypatch)
+    _run(trainer, [0.5, 0.91], monkeypatch)
+    result = trainer._result(64, 10.0)
+    assert result["target_metric"] == "accuracy" and result["target_loss"] is None
+    assert [v for _, _, v in result["loss_curve"]] == pytest.approx([0.5, 0.09])
+
+
+def test_both_targets_are_refused_naming_the_field():
+    with pytest.raises(SpecError, match=r"spec.training.targetLoss: give one target, targetAccuracy or targetLoss"):
+        parse_spec({"training": {"targetAccuracy": 0.9, "targetLoss": 1.0}})
+    with pytest.raises(SpecError, match=r"spec.training.targetLoss: must be > 0"):
+        parse_spec({"training": {"targetLoss": 0}})
+
+
+def test_a_bench_grid_may_set_a_loss_target_and_its_further_targets_are_losses(tmp_path):
+    import yaml
+
+    from netsense.bench import load_grid
+
+    def grid(training: dict, **more) -> str:
+        base = {"workers": 2, "training": {"model": "mlp", "dataset": "digits", "maxSteps": 50, **training}}
+        doc = {"name": "t", "base": base, "methods": {"allreduce": {"method": "allreduce"}},
+               "profiles": {"static-100": {"type": "static", "rate": "100Mbit"}}, "seeds": [0], **more}
+        (tmp_path / "g.yaml").write_text(yaml.safe_dump(doc))
+        return str(tmp_path / "g.yaml")
+
+    assert load_grid(grid({"targetLoss": 0.5}, targets=[2.0, 0.5]))  # looser losses are reached on the way
+    with pytest.raises(SpecError, match=r"targets: below base.training.targetLoss \(0.5\).*\(0.4\)"):
+        load_grid(grid({"targetLoss": 0.5}, targets=[0.4]))
+    with pytest.raises(SpecError, match="base.training: a fair benchmark needs a target"):
+        load_grid(grid({}))
+
+
+def test_the_operator_says_a_loss_target_in_its_condition_and_target_column():
+    from netsense_operator import status
+
+    missed = {"target_metric": "loss", "target_loss": 1.2, "target_hold": 2, "best_eval_loss": 1.4567,
+              "best_accuracy": 0.3, "time_to_accuracy_s": None}
+    assert status.target_summary(missed) == "missed (best loss 1.457)"
+    assert status.target_condition(missed) == ("False", "NotReached", "loss 1.2 was not held 2 evaluations in a "
+                                                                      "row (best 1.457)")
+    reached = {**missed, "time_to_accuracy_s": 12.0}
+    assert status.target_condition(reached)[:2] == ("True", "Reached")
+    assert status.target_summary(reached) == "reached at 12.0 s"
+    # a result from before loss targets: its target is the accuracy
+    assert status.target_summary({"target_accuracy": 0.9, "best_accuracy": 0.8}) == "missed (best 0.800)"

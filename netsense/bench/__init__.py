@@ -22,6 +22,7 @@ A grid file::
     seeds: [0, 1]
     order: shuffled                               # default: cells interleaved (seeded by orderSeed); or grid
     targets: [0.9]                                # optional: more targets, read off each run's accuracy curve
+                                                  # (losses off its loss curve, where base sets targetLoss)
     ceiling: matched                              # optional: true (one worker) or matched (a twin per cell
     ceilingSteps: 100                             #   without the wire, this many steps; default 100)
     accuracyAfterEpochs: 3                        # optional: test accuracy after this many epochs, per method

@@ -92,7 +92,7 @@ def run_doc(job: Job, compression: dict, seed: int, budget: int) -> dict:
     evaluation at the end (evaluations do not change the training)."""
     spec = copy.deepcopy(job.spec)
     t = spec["training"]
-    for key in ("epochs", "maxSeconds", "targetAccuracy", "minEpochs"):
+    for key in ("epochs", "maxSeconds", "targetAccuracy", "targetLoss", "minEpochs"):
         t.pop(key, None)
     t.update(maxSteps=budget, seed=seed, stopAtTarget=False, evalEvery=budget, threads=1)
     spec["compression"] = compression

@@ -76,14 +76,21 @@ def _scenario(name: str, setting) -> dict:
 
 
 def _check_readings(grid: dict, training: dict) -> None:
-    """``targets`` (more targets, read off each run's accuracy curve) and ``accuracyAfterEpochs``."""
+    """``targets`` (more targets of the grid's own metric, read off each run's accuracy or loss curve) and
+    ``accuracyAfterEpochs``."""
     targets = grid.get("targets", [])
-    if not isinstance(targets, list) or not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in targets):
-        raise SpecError([Issue("targets", "must be a list of accuracies in (0, 1]")])
+    loss = "targetLoss" in training
+    if not isinstance(targets, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x
+                                                and (loss or x <= 1) for x in targets):
+        raise SpecError([Issue("targets", "must be a list of losses > 0 (the grid's target is targetLoss)" if loss
+                               else "must be a list of accuracies in (0, 1]")])
     stop = training.get("stopAtTarget", True)  # the spec's default
-    if stop and any(x > training["targetAccuracy"] for x in targets):
-        raise SpecError([Issue("targets", f"above base.training.targetAccuracy ({training['targetAccuracy']}), "
-                                          "where every run stops (stopAtTarget): never reached by construction")])
+    field = "targetLoss" if loss else "targetAccuracy"
+    beyond = [x for x in targets if (x < training[field] if loss else x > training[field])]
+    if stop and beyond:
+        raise SpecError([Issue("targets", f"{'below' if loss else 'above'} base.training.{field} "
+                                          f"({training[field]}), where every run stops (stopAtTarget): never "
+                                          f"reached by construction ({', '.join(map(str, beyond))})")])
     epochs = grid.get("accuracyAfterEpochs")
     if epochs is not None and (not isinstance(epochs, (int, float)) or isinstance(epochs, bool) or epochs <= 0):
         raise SpecError([Issue("accuracyAfterEpochs", "must be a positive number of epochs")])
@@ -254,9 +261,9 @@ def load_grid(path: str, only_seeds: list[int] | None = None) -> tuple[str, list
         grid = {**grid, "seeds": seeds}  # what the tables say was run
     base = grid.get("base") or {}
     t = base.get("training", {})
-    if "targetAccuracy" not in t or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):
-        raise SpecError([Issue("base.training", "a fair benchmark needs targetAccuracy and a budget "
-                                                "(maxSeconds, maxSteps or epochs) shared by every method")])
+    if not ("targetAccuracy" in t or "targetLoss" in t) or not any(k in t for k in ("maxSeconds", "maxSteps", "epochs")):
+        raise SpecError([Issue("base.training", "a fair benchmark needs a target (targetAccuracy or targetLoss) and a "
+                                                "budget (maxSeconds, maxSteps or epochs) shared by every method")])
     _check_readings(grid, t)
     families(grid)
     epochs = grid.get("accuracyAfterEpochs")

@@ -47,13 +47,20 @@ def _exposure(rows: list[dict]) -> list[str]:
         for r in rows] + [""]
 
 
+def _target_words(training: dict) -> str:
+    """The grid's target in words: an accuracy, or a loss (the evaluations' mean cross-entropy)."""
+    if training.get("targetLoss") is not None:
+        return f"Target loss {training['targetLoss']} (the evaluations' mean cross-entropy, at or below)"
+    return f"Target accuracy {training.get('targetAccuracy')}"
+
+
 def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = None,
              ceilings: list[float] | None = None, source: str = "", varied: list[dict] | None = None) -> str:
     t = grid.get("base", {}).get("training", {})
     order = ("in a shuffled, interleaved order" if grid.get("order", "shuffled") == "shuffled"
              else "in the grid's order (method by method)")
     lines = [f"# Benchmark: {name}", "", f"{source} Cells ran {order} in one invocation.".strip(), "",
-             f"Target accuracy {t.get('targetAccuracy')} for every method, reached when held "
+             f"{_target_words(t)} for every method, reached when held "
              f"{t.get('targetHold', 3)} evaluations in a row (the time to target: the first of them); budget "
              f"{t.get('maxSeconds') or t.get('maxSteps') or t.get('epochs')} ; seeds {grid.get('seeds', [0])}. "
              "Time to target = training seconds to the target (mean ± std over seeds; '-' = not reached by every seed "
@@ -190,9 +197,9 @@ def _readings(grid: dict, rows: list[dict]) -> list[str]:
     if epochs:
         head += f" accuracy after {epochs:g} epochs | ± | seeds |"
         rule += " ---: | ---: | :---: |"
-    lines = ["Further readings of the same runs (each run's accuracy curve; the target held the same number of "
-             "evaluations; accuracy after equal epochs: the last evaluation within them, over the seeds that "
-             "trained that long):", "", head, rule]
+    lines = ["Further readings of the same runs (each run's accuracy curve, its loss curve for a loss target; the "
+             "target held the same number of evaluations; accuracy after equal epochs: the last evaluation within "
+             "them, over the seeds that trained that long):", "", head, rule]
     for r in rows:
         line = f"| {r['method']} |"
         for t in targets:

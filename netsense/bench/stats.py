@@ -10,6 +10,7 @@ import os
 import statistics
 
 from netsense.bench.grid import NO_WIRE, sensitivity_groups
+from netsense.train.results import curve_of, reaches, result_target
 
 
 def _mean(values: list[float]) -> float | None:
@@ -22,15 +23,19 @@ def _spread(values: list[float]) -> float | None:
 
 def reached_at(result: dict, target: float | None = None) -> tuple[int, float] | None:
     """(step, training seconds) at which ``target`` (default: the run's own) was reached: the first of
-    ``target_hold`` evaluations in a row at or above it, as the trainer counts (results from before that
-    rule: the first crossing). None: right-censored (not held within what the run trained)."""
-    target = result.get("target_accuracy") if target is None else target
-    hold = result.get("target_hold", 1)
-    if target is None:
+    ``target_hold`` evaluations in a row that meet it, as the trainer counts (results from before that
+    rule: the first crossing). ``target`` is of the run's own target's metric: an accuracy (at or above it, on
+    accuracy_curve) or, for a run with targetLoss, a loss (at or below it, on loss_curve). None: right-censored
+    (not held within what the run trained), or a run without a target."""
+    own = result_target(result)
+    if own is None and target is None:
         return None
+    metric = own[0] if own else "accuracy"
+    target = own[1] if target is None else target
+    hold = result.get("target_hold", 1)
     run: list[tuple[int, float]] = []
-    for step, t, accuracy in result.get("accuracy_curve") or []:
-        run = run + [(step, t)] if accuracy >= target else []
+    for step, t, value in curve_of(result, metric):
+        run = run + [(step, t)] if reaches(metric, value, target) else []
         if len(run) >= hold:
             return run[0]
     return None
@@ -104,6 +109,9 @@ def seed_record(result: dict) -> dict:
     the rates it trained under, its encoding."""
     return {"seed": result.get("seed", 0), "steps_to_target": steps_to_target(result),
             "accuracy_curve": result.get("accuracy_curve"),
+            # a loss target's run is read off its loss curve: kept with it (an accuracy run's is not needed)
+            **({k: result.get(k) for k in ("target_metric", "loss_curve")} if result.get("target_metric") == "loss"
+               else {}),
             **{k: result.get(k) for k in SEED_KEYS if result.get(k) is not None}}
 
 

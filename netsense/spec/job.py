@@ -43,8 +43,8 @@ PLURAL = "netsensejobs"
 SHORT_NAME = "nsj"
 DEFAULT_IMAGE = "netsense/worker:0.1.0"  # the operator's fallback; its install names the real one
 
-MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d")
-DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic")
+MODELS = ("resnet18", "resnet18-cifar", "vgg16", "mlp", "cnn", "cnn1d", "allconv1d", "transformer1d", "gru1d", "gpt")
+DATASETS = ("cifar10", "cifar100", "digits", "digits32", "mnist1d", "synthetic", "pysource")
 # tta settings tried and not adopted, removed (issue 62, item 4; git keeps them): field -> (its old default, what it
 # was). The last commit with them is REMOVED_AT. At its old default a field changed nothing and is accepted and
 # dropped (a job a cluster recorded with every default filled in still parses); any other value is refused by name. A
@@ -62,8 +62,9 @@ REMOVED_TTA = {
                         "probe is bounded now (issue 62, item 5)"),
 }
 REMOVED_AT = "8e920e0fa63780cfa321c8a96695848134075ecf"
-SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d")  # take MNIST-1D's 1-D signals and nothing else
+SIGNAL_ONLY_MODELS = ("cnn1d", "allconv1d", "transformer1d", "gru1d")  # MNIST-1D's 1-D signals and nothing else
 SIGNAL_MODELS = ("mlp", *SIGNAL_ONLY_MODELS)  # what takes MNIST-1D's 1-D signals (the others take images)
+TEXT_MODELS = ("gpt",)  # take pysource's tokens, and pysource takes nothing else
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -158,10 +159,16 @@ def _check_training(t: dict, path: str, errors: Errors) -> None:
     if "maxSeconds" in t and units.parse_duration(t["maxSeconds"]) <= 0:
         errors.add(f"{path}.maxSeconds", "must be longer than 0s")
     model, dataset = t.get("model"), t.get("dataset")
-    if dataset == "mnist1d" and model not in SIGNAL_MODELS:
+    if (dataset == "pysource") != (model in TEXT_MODELS):
+        errors.add(f"{path}.model", f"dataset pysource (text) takes model {' or '.join(TEXT_MODELS)} and "
+                                    f"{' or '.join(TEXT_MODELS)} takes nothing else (got {model} on {dataset})")
+    elif dataset == "mnist1d" and model not in SIGNAL_MODELS:
         errors.add(f"{path}.model", f"mnist1d's 1-D signals take model {' or '.join(SIGNAL_MODELS)} (got {model})")
     elif model in SIGNAL_ONLY_MODELS and dataset != "mnist1d":
         errors.add(f"{path}.model", f"{model} takes 1-D signals: use it with dataset mnist1d (got {dataset})")
+    if "targetAccuracy" in t and "targetLoss" in t:
+        errors.add(f"{path}.targetLoss", "give one target, targetAccuracy or targetLoss, not both: a run has one "
+                                         "time to target (time_to_accuracy_s) and stops at one")
     if t.get("backend") == "nccl" and t.get("device") == "cpu":
         errors.add(f"{path}.device", "backend nccl moves only CUDA tensors: use device cuda (or auto), or backend gloo")
 
@@ -221,11 +228,16 @@ TRAINING = Obj({
     "momentum": F(Float(min=0, max=1), default=0.9),
     "weightDecay": F(Float(min=0), default=5e-4),
     "seed": F(Int(min=0), default=0),
-    "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True)),
-    "targetHold": F(Int(min=1, doc="evaluations in a row at or above targetAccuracy before the target counts as "
-                        "reached; the time to accuracy is the first of them (a single lucky evaluation is not "
-                        "a result)"), default=3),
-    "stopAtTarget": F(Bool(doc="stop once targetAccuracy is reached (held targetHold evaluations)"), default=True),
+    "targetAccuracy": F(Float(min=0, max=1, exclusive_min=True, doc="the target: an evaluation's accuracy at or "
+                              "above it (not with targetLoss)")),
+    "targetLoss": F(Float(min=0, exclusive_min=True, doc="the target instead as a loss: an evaluation's mean "
+                          "cross-entropy on the evaluation samples (per next token for gpt) at or below it (not "
+                          "with targetAccuracy). result.json's time_to_accuracy_s is then the time to this loss, "
+                          "and target_metric says loss")),
+    "targetHold": F(Int(min=1, doc="evaluations in a row that meet the target (targetAccuracy or targetLoss) "
+                        "before it counts as reached; the time to the target is the first of them (a single lucky "
+                        "evaluation is not a result)"), default=3),
+    "stopAtTarget": F(Bool(doc="stop once the target is reached (held targetHold evaluations)"), default=True),
     "minEpochs": F(Float(min=0, exclusive_min=True, doc="with stopAtTarget, train at least this many epochs "
                          "before stopping at the target (the budget still stops a run), so that the accuracy "
                          "after equal epochs can be read off every run")),
@@ -246,12 +258,22 @@ TRAINING = Obj({
     "backend": F(Str(enum=("auto", "gloo", "nccl"), doc="auto: nccl where CUDA is, else gloo"), default="auto"),
     "device": F(Str(enum=("auto", "cpu", "cuda"), doc="auto: cuda with nccl, else cpu; cuda with gloo shares "
                     "one GPU among ranks (NCCL refuses two ranks on one device)"), default="auto"),
-    "hiddenSize": F(Int(min=1, doc="width of the mlp/cnn models"), default=512),
+    "hiddenSize": F(Int(min=1, doc="width of the models, scaled per model (netsense.train.models): the mlp's "
+                        "hidden layers; transformer1d's, gpt's and gru1d's width hiddenSize // 4"), default=512),
     "syntheticSamples": F(Int(min=1), default=4096),
     "mnist1dSamples": F(Int(min=100, doc="MNIST-1D samples made (80% train); 5000: the published set"),
                         default=5000),
     "syntheticClasses": F(Int(min=2), default=10),
-}, checks=[_check_training])
+    "contextLength": F(Int(min=2, max=4096, doc="pysource: the tokens (bytes) of a sample, gpt's context; each "
+                           "window's next bytes are its targets"), default=64),
+    "pysourceBytes": F(Int(min=10_000, max=16_000_000, doc="pysource: how much of the standard library's .py "
+                           "sources to take (those of the Python running the trainer; files in sorted path order "
+                           "without the tests, the encodings' tables and third-party packages; all of them where "
+                           "they hold less, ~10 MB): the last tenth the validation set. The text differs between "
+                           "Python versions: result.json's text.sha256 says which it was"), default=4_000_000),
+}, checks=[_check_training], cel=[
+    {"rule": "!(has(self.targetAccuracy) && has(self.targetLoss))",
+     "message": "give one target, targetAccuracy or targetLoss, not both"}])
 
 _ERROR_FEEDBACK = F(Bool(doc="keep what is not sent and add it to the next step's gradient"), default=True)
 _WARMUP = F(Int(min=0, doc="dense steps before compressing"), default=0)

@@ -12,7 +12,12 @@
   make_dataset (its own seed: the published set), never downloaded; ``mnist1dSamples`` (default 5000)
   of which 80% train. Published test accuracy at 4,000 training samples: MLP ~68%, CNN ~94%;
 - synthetic: random images whose labels come from a fixed random linear map, so
-  the task is learnable (accuracy rises) yet needs no data; for throughput.
+  the task is learnable (accuracy rises) yet needs no data; for throughput;
+- pysource: text for a character-level language model (model gpt), shipped with Python itself: the ``.py``
+  sources of the standard library of the interpreter running the trainer, a fixed selection (``pysource_text``),
+  bytes as tokens (vocabulary 256); samples are windows of ``contextLength`` bytes and their next bytes, the last
+  tenth of the text the validation set. Its sha256 goes into result.json (``text``): the sources differ between
+  Python versions and builds, so two runs compare only on the same text.
 
 Batches are index slices of in-memory tensors: no DataLoader worker processes,
 which would steal the CPU the emulated cluster is measuring.
@@ -20,8 +25,11 @@ which would steal the CPU the emulated cluster is measuring.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import platform
+import sysconfig
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +51,7 @@ class Dataset:
     test_y: torch.Tensor
     classes: int
     augment: bool = False
+    source: dict | None = None  # what a dataset made from local files was made of (pysource: its text's sha256)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -134,6 +143,76 @@ def _synthetic(samples: int, classes: int, seed: int) -> Dataset:
     return Dataset(x[:samples], y[:samples], x[samples:], y[samples:], classes=classes)
 
 
+# Not taken: third-party packages (site-packages, dist-packages: they differ between machines), the tests (Debian
+# ships them in a package of their own), the encodings (generated code-page tables, not code: a tenth of the
+# sources), the build's own configuration (_sysconfigdata_*, config-*: compiler flags and paths of one build).
+PYSOURCE_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test",
+                                "encodings"})
+PYSOURCE_VALIDATION = 0.1  # the last tenth of the text (by position)
+PYSOURCE_VOCAB = 256  # bytes as tokens: the same vocabulary whatever the text holds
+EVAL_ORDER_SEED = 1234  # the validation windows' fixed order (see _text_windows)
+
+
+def _pysource_files(root: str) -> list[str]:
+    """The standard library's .py files under ``root`` (relative POSIX paths, sorted), less PYSOURCE_SKIP_DIRS."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in PYSOURCE_SKIP_DIRS and not d.startswith("config-")]
+        rel = os.path.relpath(here, root)
+        found += [f if rel == "." else f"{rel}/{f}".replace(os.sep, "/") for f in files
+                  if f.endswith(".py") and not f.startswith("_sysconfigdata")]
+    return sorted(found)
+
+
+def pysource_text(budget: int, root: str | None = None) -> tuple[bytes, dict]:
+    """The first ``budget`` bytes of the standard library's sources (``root``: this interpreter's stdlib), files
+    concatenated in the order of their sorted paths (the last one cut at the budget; all of them where they hold
+    less), and what they were: sha256, bytes, files, the last file, the Python version."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    parts, size, last = [], 0, None
+    for rel in _pysource_files(root):
+        if size >= budget:
+            break
+        with open(os.path.join(root, rel), "rb") as fh:
+            parts.append(fh.read(budget - size))
+        size, last = size + len(parts[-1]), rel
+    if not parts:
+        raise SpecError([Issue("spec.training.dataset", f"pysource: no Python sources under {root} (this "
+                               "interpreter's standard library)")])
+    text = b"".join(parts)
+    return text, {"sha256": hashlib.sha256(text).hexdigest(), "bytes": len(text), "files": len(parts),
+                  "last_file": last, "python": platform.python_version()}
+
+
+def token_windows(tokens: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of ``context`` tokens side by side (inputs) and the same shifted by one (their next tokens), both
+    views of ``tokens``: every token the target of one prediction, a tail shorter than a window dropped."""
+    n = (len(tokens) - 1) // context
+    return tokens[:n * context].view(n, context), tokens[1:n * context + 1].view(n, context)
+
+
+def _text_windows(tokens: torch.Tensor, context: int) -> tuple[torch.Tensor, ...]:
+    """(train x, train y, validation x, validation y): the text cut by position (the last PYSOURCE_VALIDATION of
+    it validation, so no window of one holds a token of the other), each part in windows. The validation
+    windows in a fixed shuffled order, so that the evaluation's first evalSamples of them span the whole
+    validation text rather than its first files."""
+    cut = int(len(tokens) * (1 - PYSOURCE_VALIDATION))
+    train_x, train_y = token_windows(tokens[:cut], context)
+    val_x, val_y = token_windows(tokens[cut:], context)
+    order = torch.randperm(len(val_x), generator=torch.Generator().manual_seed(EVAL_ORDER_SEED))
+    return train_x, train_y, val_x[order], val_y[order]
+
+
+def _pysource(budget: int, context: int) -> Dataset:
+    text, source = pysource_text(budget)
+    tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+    train_x, train_y, val_x, val_y = _text_windows(tokens, context)
+    if len(val_x) == 0:
+        raise SpecError([Issue("spec.training.pysourceBytes", f"{len(text)} bytes hold no validation window of "
+                               f"contextLength {context} in their last tenth: take more text or a shorter context")])
+    return Dataset(train_x, train_y, val_x, val_y, classes=PYSOURCE_VOCAB, source={"dataset": "pysource", **source})
+
+
 def load_dataset(training: dict) -> Dataset:
     name = training["dataset"]
     if name in ("cifar10", "cifar100"):
@@ -144,6 +223,8 @@ def load_dataset(training: dict) -> Dataset:
         return _digits32(training["seed"])
     if name == "mnist1d":
         return _mnist1d(training["mnist1dSamples"])
+    if name == "pysource":
+        return _pysource(training["pysourceBytes"], training["contextLength"])
     return _synthetic(training["syntheticSamples"], training["syntheticClasses"], training["seed"])
 
 

@@ -37,6 +37,35 @@ class Timeline:
         return samples_per_step * (len(self.rows) - skip) / dt if dt > 0 else 0.0
 
 
+# A job's target (spec.training): the metric its evaluations are read by and the field that sets it. One of them
+# at most (the spec refuses both).
+TARGET_FIELDS = {"accuracy": "targetAccuracy", "loss": "targetLoss"}
+
+
+def job_target(training: dict) -> tuple[str, float] | None:
+    """(metric, value) of spec.training's target: ("accuracy", targetAccuracy), ("loss", targetLoss), or None."""
+    return next(((m, training[f]) for m, f in TARGET_FIELDS.items() if training.get(f) is not None), None)
+
+
+def result_target(result: dict) -> tuple[str, float] | None:
+    """(metric, value) of the target a result's run was held to: its ``target_metric`` (a result written before
+    loss targets has none: its target is ``target_accuracy``)."""
+    metric = result.get("target_metric") or "accuracy"
+    value = result.get(f"target_{metric}")
+    return None if value is None else (metric, value)
+
+
+def reaches(metric: str, value: float, target: float) -> bool:
+    """Whether an evaluation's ``value`` of ``metric`` meets ``target``: an accuracy at or above it, a loss at or
+    below it."""
+    return value >= target if metric == "accuracy" else value <= target
+
+
+def curve_of(result: dict, metric: str) -> list:
+    """The result's [step, seconds, value] evaluations of ``metric``: accuracy_curve or loss_curve."""
+    return result.get(f"{metric}_curve") or []
+
+
 TEXT_COLUMNS = ("dense_reason",)  # the timeline's columns that are words, not numbers
 
 
@@ -137,10 +166,14 @@ def plot(timeline_csv: str, png_path: str, title: str = "", queue: list[dict] | 
     acc = [(r["time"], r["accuracy"]) for r in rows if r["accuracy"] is not None]
     if acc:
         axes[3].plot(*zip(*acc, strict=True), marker="o", ms=3, color="tab:red", label="test accuracy")
-    target, tta = result.get("target_accuracy"), result.get("time_to_accuracy_s")
+    target, tta = result_target(result), result.get("time_to_accuracy_s")
     if target is not None:
-        axes[3].axhline(target, color="gray", lw=0.8, ls="--",
-                        label=f"target {target} (held {result.get('target_hold', 3)} evaluations)")
+        if target[0] == "accuracy":  # this panel's axis; a loss target is marked by when it was reached
+            axes[3].axhline(target[1], color="gray", lw=0.8, ls="--",
+                            label=f"target {target[1]} (held {result.get('target_hold', 3)} evaluations)")
+        else:
+            axes[3].plot([], [], " ", label=f"target: loss {target[1]} (held {result.get('target_hold', 3)} "
+                                            "evaluations)")
         if tta is not None:
             for ax in axes:
                 ax.axvline(tta, color="tab:red", lw=0.6, ls=":")
@@ -172,7 +205,7 @@ def summary_lines(result: dict) -> list[str]:
     def fmt(x, spec: str = ".3f") -> str:
         return "-" if x is None else format(x, spec)
 
-    target, reached = result.get("target_accuracy"), result.get("target_reached")
+    target, reached = result_target(result), result.get("target_reached")
     outcome = result.get("status") + (", target missed" if target is not None and reached is False else
                                       ", target reached" if reached else "")
     lines = [f"{result.get('job')}: {outcome}, {result.get('method')} on {result.get('workers')} "
@@ -181,10 +214,11 @@ def summary_lines(result: dict) -> list[str]:
     if target is not None:
         hold = result.get("target_hold", 3)
         tta = result.get("time_to_accuracy_s")
-        lines.append(f"  target {target}: " + (f"reached at {tta:.2f} s of training (held {hold} evaluations)"
-                                               if tta is not None else f"NOT reached (held {hold} evaluations in "
-                                               f"a row needed)") + f"; best accuracy {fmt(result.get('best_accuracy'))}, "
-                     f"final {fmt(result.get('final_accuracy'))}")
+        key = "accuracy" if target[0] == "accuracy" else "eval_loss"
+        lines.append(f"  target {target[0]} {target[1]}: " + (
+            f"reached at {tta:.2f} s of training (held {hold} evaluations)" if tta is not None else
+            f"NOT reached (held {hold} evaluations in a row needed)") + f"; best {target[0]} "
+            f"{fmt(result.get(f'best_{key}'))}, final {fmt(result.get(f'final_{key}'))}")
     steps = result.get("steps") or 0
     per_step = result.get("bytes_sent_per_worker", 0) / steps / 1e3 if steps else None
     lines.append(f"  {fmt(result.get('throughput_samples_per_s'), '.0f')} samples/s, mean density "

@@ -32,10 +32,10 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from netsense import gang, units
@@ -52,9 +52,9 @@ from netsense.spec.job import SIMULATION_LATENCY
 from netsense.spec.schema import Issue
 from netsense.train import calibrate
 from netsense.train.data import ShardedBatches, load_dataset
-from netsense.train.models import build_model
+from netsense.train.models import build_model, cross_entropy
 from netsense.train.reading import Reading
-from netsense.train.results import Timeline, compact, write_result
+from netsense.train.results import Timeline, compact, job_target, reaches, write_result
 
 SYNC_EVERY = 10  # steps between stop-flag agreements
 PROGRESS_EVERY_S = 1.0
@@ -84,25 +84,37 @@ class RunState:
     train_time: float = 0.0  # excludes evaluation
     best_accuracy: float | None = None
     final_accuracy: float | None = None
-    tta: float | None = None
-    # the current run of evaluations at or above the target: its first (step, time), and its length
+    best_eval_loss: float | None = None
+    final_eval_loss: float | None = None
+    tta: float | None = None  # the time to the job's target, accuracy or loss
+    # the current run of evaluations that met the target: its first (step, time), and its length
     held_since: tuple[int, float] | None = None
     held: int = 0
     last_loss: float = float("nan")
     eval_seconds: float = 0.0  # off the training clock: evaluation and the stop agreement
     accuracies: list[tuple[int, float, float]] = field(default_factory=list)  # step, time, acc
+    eval_losses: list[tuple[int, float, float]] = field(default_factory=list)  # step, time, mean loss
+
+
+class Evaluation(NamedTuple):
+    accuracy: float  # the share of predictions right: of samples, or of a sequence model's next tokens
+    loss: float  # the mean cross-entropy of the same predictions
 
 
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-             batch: int = 500) -> float:
+             batch: int = 500) -> Evaluation:
+    """The model's accuracy and mean loss on (x, y): per sample for a classifier, per position for a sequence
+    model (logits (N, T, V) against targets (N, T))."""
     model.eval()
-    correct = 0
+    correct, total = 0, 0.0
     with torch.no_grad():
         for i in range(0, len(y), batch):
-            out = model(x[i:i + batch].to(device))
-            correct += int((out.argmax(1).cpu() == y[i:i + batch]).sum())
+            out, target = model(x[i:i + batch].to(device)), y[i:i + batch].to(device)
+            correct += int((out.argmax(-1) == target).sum())
+            total += float(cross_entropy(out, target, reduction="sum"))
     model.train()
-    return correct / max(1, len(y))
+    predictions = max(1, y.numel())
+    return Evaluation(correct / predictions, total / predictions)
 
 
 def resolve_device(training: dict, cuda: bool) -> tuple[str, torch.device]:
@@ -132,6 +144,8 @@ class Trainer:
         self.state = RunState()
         self.clock: RealClock | SimulatedClock = REAL
         self.simulation: dict | None = None  # the simulated clock's inputs, as result.json records them
+        self.reading: Reading | None = None  # spec.training.readingSteps' instrument, made in setup
+        self.data_source: dict | None = None  # what a dataset made from local files was made of (pysource's text)
         if job.network["clock"] == "simulated":
             # Deterministic kernels (and one thread, which validation holds it to): the same job and seed give
             # the same run, bit for bit.
@@ -151,6 +165,7 @@ class Trainer:
         dist.init_process_group(self.backend, rank=self.rank, world_size=self.world,
                                 timeout=datetime.timedelta(seconds=timeout))
         self.data = load_dataset(self.t)
+        self.data_source = self.data.source
         torch.manual_seed(self.t["seed"])  # identical initial weights (DDP also broadcasts them)
         model = build_model(self.t["model"], self.data.input_shape, self.data.classes, self.t["hiddenSize"])
         model.to(self.device)
@@ -220,8 +235,7 @@ class Trainer:
         return (step % every == 0) if every else end_of_epoch
 
     def _local_stop(self) -> bool:
-        target = self.t.get("targetAccuracy")
-        if target and self.t["stopAtTarget"] and self.state.tta is not None and self._min_epochs_done():
+        if self.t["stopAtTarget"] and self.state.tta is not None and self._min_epochs_done():
             return True
         return self.budget_s is not None and self.state.train_time >= self.budget_s
 
@@ -233,24 +247,34 @@ class Trainer:
     def _evaluate(self) -> None:
         if self.rank != 0:
             return
-        acc = evaluate(self.model.module, self.eval_x, self.eval_y, self.device)
+        ev = evaluate(self.model.module, self.eval_x, self.eval_y, self.device)
         s = self.state
-        s.final_accuracy = acc
-        s.best_accuracy = acc if s.best_accuracy is None else max(s.best_accuracy, acc)
-        s.accuracies.append((s.step, s.train_time, acc))
-        target = self.t.get("targetAccuracy")
-        if target and s.tta is None:
-            if acc >= target:
-                s.held_since = s.held_since or (s.step, s.train_time)
-                s.held += 1
-                if s.held >= self.t["targetHold"]:
-                    s.tta = s.held_since[1]
-            else:
-                s.held_since, s.held = None, 0
+        s.final_accuracy, s.final_eval_loss = ev.accuracy, ev.loss
+        s.best_accuracy = ev.accuracy if s.best_accuracy is None else max(s.best_accuracy, ev.accuracy)
+        s.best_eval_loss = ev.loss if s.best_eval_loss is None else min(s.best_eval_loss, ev.loss)
+        s.accuracies.append((s.step, s.train_time, ev.accuracy))
+        s.eval_losses.append((s.step, s.train_time, ev.loss))
+        self._hold_target(ev)
         if self.timeline.rows:
-            self.timeline.rows[-1]["accuracy"] = acc
-        emit("eval", step=s.step, epoch=s.epoch, accuracy=acc, time=round(s.train_time, 3),
-             time_to_accuracy_s=s.tta)
+            self.timeline.rows[-1]["accuracy"] = ev.accuracy
+        emit("eval", step=s.step, epoch=s.epoch, accuracy=ev.accuracy, loss=round(ev.loss, 5),
+             time=round(s.train_time, 3), time_to_accuracy_s=s.tta)
+
+    def _hold_target(self, ev: Evaluation) -> None:
+        """Count this evaluation into the target's hold: the target is reached once targetHold evaluations in a
+        row meet it (an accuracy at or above targetAccuracy, a loss at or below targetLoss), at the first of
+        them; one that misses starts the count again."""
+        s, target = self.state, job_target(self.t)
+        if target is None or s.tta is not None:
+            return
+        metric, value = target
+        if reaches(metric, ev.accuracy if metric == "accuracy" else ev.loss, value):
+            s.held_since = s.held_since or (s.step, s.train_time)
+            s.held += 1
+            if s.held >= self.t["targetHold"]:
+                s.tta = s.held_since[1]
+        else:
+            s.held_since, s.held = None, 0
 
     def start_profile_clock(self) -> None:
         """Agree on when training starts (rank 0's clock) and start the profile there.
@@ -302,7 +326,7 @@ class Trainer:
                 t0 = self.clock.now()
                 self.hook.start_step()  # the step's compute starts at the forward pass
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                loss = F.cross_entropy(self.model(x), y)
+                loss = cross_entropy(self.model(x), y)
                 self.opt.zero_grad(set_to_none=False)
                 loss.backward()
                 self.opt.step()
@@ -387,6 +411,7 @@ class Trainer:
 
     def _result(self, samples_per_step: int, wall: float) -> dict:
         s = self.state
+        target = job_target(self.t)
         hist = self.hook.history
         wire = sum(h["wire_bytes"] for h in hist)
         comm = sum(h["comm_seconds"] for h in hist)
@@ -405,6 +430,8 @@ class Trainer:
             "workers": self.world,
             "model": self.t["model"],
             "dataset": self.t["dataset"],
+            # pysource: the text trained on (sha256, bytes, files, Python version): it differs between Pythons
+            "text": self.data_source,
             "status": "Succeeded",
             "throughput_samples_per_s": round(self.timeline.steady_throughput(samples_per_step), 3),
             "wall_seconds": round(wall, 3),
@@ -413,12 +440,19 @@ class Trainer:
             "epochs": round(s.step / max(1, len(self.batches)), 3),
             "best_accuracy": s.best_accuracy,
             "final_accuracy": s.final_accuracy,
+            # which target the job set (accuracy or loss; None: none), and its value under target_<metric>
+            "target_metric": None if target is None else target[0],
             "target_accuracy": self.t.get("targetAccuracy"),
+            "target_loss": self.t.get("targetLoss"),
             "target_hold": self.t["targetHold"],
+            # the time to the job's target, whichever it set (the name is older than loss targets)
             "time_to_accuracy_s": None if s.tta is None else round(s.tta, 3),
             # said outright, so that a missed target is never just a missing number
-            "target_reached": None if self.t.get("targetAccuracy") is None else s.tta is not None,
-            "final_loss": round(s.last_loss, 5),
+            "target_reached": None if target is None else s.tta is not None,
+            "final_loss": round(s.last_loss, 5),  # the last training step's loss (its batch)
+            # the evaluations' mean loss (evalSamples of the test data): what targetLoss reads
+            "best_eval_loss": None if s.best_eval_loss is None else round(s.best_eval_loss, 5),
+            "final_eval_loss": None if s.final_eval_loss is None else round(s.final_eval_loss, 5),
             "mean_density": round(sum(h["density"] for h in compressed) / len(compressed), 6) if hist else 1.0,
             "dense_warmup_steps": sum(1 for h in hist if h["warmup"]),
             # why the dense steps were dense: warm-up (warmupSteps, PowerSGD's startIter), controller (chosen),
@@ -447,6 +481,8 @@ class Trainer:
             "collective_timer": ("modeled" if self.clock.simulated else
                                  "cuda-events" if self.device.type == "cuda" else "wall-clock"),
             "accuracy_curve": [[st, round(t, 3), a] for st, t, a in s.accuracies],
+            # unrounded, as the target was judged (a reader of the curve reaches the same verdict)
+            "loss_curve": [[st, round(t, 3), v] for st, t, v in s.eval_losses],
             # tta's measured steps factors (netsense calibrate): which file, and what measuring them cost
             "penalties": self._penalties_record(),
             # valid but never met: a profile's changes after the training ended

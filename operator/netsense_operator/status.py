@@ -117,29 +117,41 @@ def waiting_reason(pod: dict) -> str | None:
     return None
 
 
+def _target(result: dict) -> tuple[str, float, float | None] | None:
+    """(metric, target, best) of the target a result's job set: accuracy (targetAccuracy, its best accuracy) or
+    loss (targetLoss, its best evaluation loss); None when it set none. A result from before loss targets has no
+    target_metric: its target is the accuracy."""
+    metric = result.get("target_metric") or "accuracy"
+    target = result.get(f"target_{metric}")
+    best = result.get("best_accuracy" if metric == "accuracy" else "best_eval_loss")
+    return None if target is None else (metric, target, best)
+
+
 def target_condition(result: dict) -> tuple[str, str, str]:
     """(status, reason, message) of the TargetReached condition from a result (result.json's keys): True with
-    the time, or False with the best accuracy and the hold rule; Unknown when the job set no target."""
-    target, hold = result.get("target_accuracy"), result.get("target_hold", 3)
-    best = result.get("best_accuracy")
+    the time, or False with the best it did and the hold rule; Unknown when the job set no target."""
+    hold, target = result.get("target_hold", 3), _target(result)
     if target is None:
-        return "Unknown", "NoTarget", "spec.training.targetAccuracy is not set"
+        return "Unknown", "NoTarget", "spec.training.targetAccuracy (or targetLoss) is not set"
+    metric, value, best = target
     if result.get("time_to_accuracy_s") is not None:
-        return ("True", "Reached", f"accuracy {target} held {hold} evaluations in a row from "
+        return ("True", "Reached", f"{metric} {value} held {hold} evaluations in a row from "
                 f"{result['time_to_accuracy_s']:.1f} s of training")
     best_text = "none" if best is None else f"{best:.3f}"
-    return ("False", "NotReached", f"accuracy {target} was not held {hold} evaluations in a row (best {best_text})")
+    return ("False", "NotReached", f"{metric} {value} was not held {hold} evaluations in a row (best {best_text})")
 
 
 def target_summary(result: dict) -> str:
-    """What `kubectl get nsj`'s TARGET column says first: reached (when), missed (the best it did), or none set;
-    a Succeeded job can have missed its target, and the phase alone would read as success."""
-    target, best = result.get("target_accuracy"), result.get("best_accuracy")
+    """What `kubectl get nsj`'s TARGET column says first: reached (when), missed (the best it did: an accuracy,
+    or "loss" and the lowest loss), or none set; a Succeeded job can have missed its target, and the phase alone
+    would read as success."""
+    target = _target(result)
     if target is None:
         return "no target"
     if result.get("time_to_accuracy_s") is not None:
         return f"reached at {result['time_to_accuracy_s']:.1f} s"
-    return f"missed (best {'none' if best is None else format(best, '.3f')})"
+    metric, _, best = target
+    return f"missed (best {'' if metric == 'accuracy' else 'loss '}{'none' if best is None else format(best, '.3f')})"
 
 
 def final_progress(progress: dict | None, result: dict) -> dict:
