@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from netsense.bench import report
 from netsense.bench.grid import variant_name
 from netsense.bench.stats import (
     AMORTIZED_OVER,
@@ -125,3 +126,21 @@ def test_the_committed_tables_seed_times_the_further_targets_and_the_sensitivity
     assert len(varied) == 1 and varied[0]["ratio"] == pytest.approx(
         math.exp(sum(math.log((10.0 + s) / (15.0 + s)) for s in range(5)) / 5))
 
+
+def test_the_summary_shows_both_columns_where_a_row_was_calibrated_and_none_where_no_row_was():
+    rows = summarize(_grid())
+    md = report.markdown("g", rows, {"base": {"training": {"targetAccuracy": 0.9}}})
+    head = next(line for line in md.splitlines() if line.startswith("| method |"))
+    assert "| time to target s | ± | with calibration s | ± | amortized s | calibration s | regret |" in head
+    tta = next(line for line in md.splitlines() if line.startswith("| tta |"))
+    assert tta.startswith(f"| tta | 12.00 | {math.sqrt(2.5):.2f} | 17.00 | {math.sqrt(2.5):.2f} | 12.50 | "
+                          "5.0 (simulated) | 1.06 |")
+    topk = next(line for line in md.splitlines() if line.startswith("| topk-0.01 |"))
+    assert topk.startswith("| topk-0.01 | 16.00 | 1.58 | 16.00 | 1.58 | 16.00 | none | 1.00 |")
+    assert f"cost / {AMORTIZED_OVER}" in md and "in full to each seed's cell" in md
+    # the columns line up with the rule under the header
+    rule = next(line for line in md.splitlines() if line.startswith("| --- |"))
+    assert head.count("|") == rule.count("|") == tta.count("|")
+    plain = report.markdown("g", summarize([r for r in _grid() if r["method_label"] != "tta"]),
+                            {"base": {"training": {"targetAccuracy": 0.9}}})
+    assert "with calibration" not in plain and "amortized" not in plain and "Calibration (issue 66)" not in plain
