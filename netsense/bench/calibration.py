@@ -31,8 +31,9 @@ trained on (always ``simulated`` here: the simulated clock at SIMULATION's input
 the unit a simulated bench cell is timed in, with each step priced at these given inputs, not at a cell's measured
 ones); ``wall_seconds``, the real seconds the whole calibration took (runs side by side, evaluations, start-up);
 ``steps`` trained by every run; ``runs``. netsense bench charges ``train_seconds`` in full to every run that used
-the profile (netsense.bench.stats; an older profile without it: its wall seconds, named as such). Not yet validated: whether tta with a calibrated profile beats the
-priors, or comes near the hindsight-best option, is issue 62's later items.
+the profile (netsense.bench.stats; an older profile without it: its wall seconds, named as such). Not yet
+validated: whether tta with a calibrated profile beats the priors, or comes near the hindsight-best option, is
+issue 62's later items.
 """
 
 from __future__ import annotations
