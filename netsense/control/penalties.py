@@ -96,7 +96,7 @@ class Penalties:
     topk: dict[float, float]
     powersgd: dict[int, float]
     source: str = ""  # the file it came from
-    cost: dict | None = None  # what calibrating cost (training and wall seconds, steps): part of any comparison using it
+    cost: dict | None = None  # what calibrating cost (training and wall seconds, steps): charged by comparisons
 
     def topk_factor(self, density: float) -> float:
         """TopK's steps at ``density`` over the dense steps."""
