@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from netsense.bench import calibration
-from netsense.control.penalties import Penalties, interpolate, load, parse
+from netsense.control.penalties import Penalties, cost_seconds, interpolate, load, parse
 from netsense.control.tta import TimeToAccuracyController
 from netsense.spec import SpecError, load_job, parse_job
 from netsense.spec.job import check_cluster
@@ -212,7 +212,8 @@ def test_the_profile_leaves_a_pod_as_one_line_within_a_termination_message_or_no
     largest = {"netsense_penalties": 1, "job": "j" * 50, "model": "resnet18", "dataset": "cifar100",
                "milestone": {"loss": 1.23456, "smoothing": "trailing mean of 10000 steps", "set_at_step": 80000,
                              "dense_steps": {str(s): 123456 for s in range(8)}},
-               "seeds": list(range(8)), "cost": {"wall_seconds": 123456.7, "steps": 12345678, "runs": 96},
+               "seeds": list(range(8)), "cost": {"wall_seconds": 123456.7, "steps": 12345678, "runs": 96,
+                                                  "train_seconds": 1234567.8, "clock": "simulated"},
                "topk": {f"{d:g}": dict(entry, lower_bound=True, budget_bound=1.2) for d in (0.1, 0.03, 0.01, 0.003,
                                                                                             0.001, 0.0003)},
                "powersgd": {str(r): dict(entry) for r in (1, 2, 4, 8, 16, 64)}}  # spec.calibration's most
@@ -222,6 +223,18 @@ def test_the_profile_leaves_a_pod_as_one_line_within_a_termination_message_or_no
         calibration.message({**largest, "job": "j" * 2000})
     calibration.write_message(str(tmp_path / "m"), "x" * 5000)
     assert (tmp_path / "m").read_bytes() == b"x" * 4093 + b"..."
+
+
+def test_a_profiles_cost_is_its_runs_training_seconds_and_an_older_profiles_its_wall_seconds_named_as_such():
+    """Issue 66: what a comparison charges a run that used the profile (netsense.bench.stats)."""
+    new = {**GOOD, "cost": {"wall_seconds": 212.4, "steps": 3880, "runs": 16, "train_seconds": 41.3,
+                            "clock": "simulated"}}
+    assert cost_seconds(parse(new).cost) == (41.3, "simulated")
+    assert cost_seconds({"train_seconds": 7, "clock": "real"}) == (7.0, "real")
+    old = parse(GOOD)  # written before train_seconds: read as it is, charged its wall seconds on the clock "wall"
+    assert old.cost == {"wall_seconds": 10.0, "steps": 100} and cost_seconds(old.cost) == (10.0, "wall")
+    for none in (None, {}, {"steps": 100}, {"wall_seconds": "soon"}, {"train_seconds": -1.0}):
+        assert cost_seconds(none) == (None, "unrecorded")
 
 
 # ---- the race ---------------------------------------------------------------------------------------------------
@@ -242,6 +255,7 @@ def test_successive_halving_gives_the_nearer_half_a_doubled_budget_and_reports_t
         tau = taus[f"{c.family} {c.option}".strip()] * (1 + 0.05 * seed)
         c.losses[seed], c.tried[seed] = [1 / (1 + step / tau) for step in range(1, budget + 1)], budget
         self.runs, self.steps_trained = self.runs + 1, self.steps_trained + budget
+        self.train_seconds += 0.01 * budget  # a run's training seconds on its clock: 10 ms a step here
         ran.append((c.label, seed, budget))
 
     monkeypatch.setattr(calibration.Race, "_run", fake_run)
@@ -253,6 +267,9 @@ def test_successive_halving_gives_the_nearer_half_a_doubled_budget_and_reports_t
     # rung 0: every option, every seed; rung 1 (100 steps): the nearer half of the three that missed
     assert sorted(label for label, _, b in ran if b == 100) == ["powersgd rank 8"] * 2 + ["topk 0.003"] * 2
     assert profile["cost"]["steps"] == 12 * 50 + 4 * 100 and profile["cost"]["runs"] == 16
+    # the runs' training seconds, summed, on the clock every calibration run trains on (wall seconds kept beside)
+    assert profile["cost"]["train_seconds"] == pytest.approx(0.01 * (12 * 50 + 4 * 100))
+    assert profile["cost"]["clock"] == "simulated" and "wall_seconds" in profile["cost"]
     # the milestone: dense's smoothed loss at step 40 (80% of 50), the higher seed's (seed 1, the slower)
     assert profile["milestone"]["dense_steps"] == {"0": 39, "1": 40}
     assert profile["topk"]["0.01"]["steps_factor"] == pytest.approx(math.sqrt(46 / 39 * 48 / 40), abs=1e-4)
@@ -290,6 +307,7 @@ def test_calibrate_writes_every_option_and_a_tta_job_runs_with_the_profile(tmp_p
     profile = json.loads((out / "penalties.json").read_text())
     assert set(profile["topk"]) == {"0.01", "0.003", "0.001"} and set(profile["powersgd"]) == {"2", "8"}
     assert profile["seeds"] == [0, 1] and profile["cost"]["runs"] >= 12 and profile["cost"]["steps"] >= 12 * 30
+    assert profile["cost"]["clock"] == "simulated" and profile["cost"]["train_seconds"] > 0
     assert all(e["steps_factor"] > 0 for family in ("topk", "powersgd") for e in profile[family].values())
     assert "cost:" in done.stdout and "topk density 0.01:" in done.stdout
 

@@ -13,6 +13,16 @@ each method's exposed network time per step against the wire time of the bytes i
 A sensitivity section adds a table of each variant's time to target over its method's own, paired on the same
 seeds.
 
+A calibration's cost (issue 66): a method whose runs used a penalties profile (``methods: {tta-cal: {method: tta,
+penalties: cal/penalties.json}}``, made by ``netsense calibrate``) is charged the calibration in full: beside its
+time to target the table shows it with the profile's cost added (the training seconds of the calibration's raced
+runs, on the simulated clock the calibration always runs on; netsense.control.penalties.cost_seconds) and
+amortized (the cost over stats.AMORTIZED_OVER = 10 runs of the same model), and its regret and paired comparison
+use the charged time, so that no table leaves the cost out; its own time to target stays in the row. The full
+charge is per run the profile serves: a grid that gives one profile, made once, to all its cells charges it to
+each seed's cell (each is read as the run the calibration was made for; the amortized column is the one that
+shares it). A method without a profile is charged nothing and reads as before.
+
 A grid file::
 
     name: ci

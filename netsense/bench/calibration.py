@@ -25,9 +25,15 @@ steps, ``lower_bound: true``), never dropped. After the last rung whatever has n
 too, raised to the largest factor of a less compressed option of its family where its budget says less (it
 was ranked behind them). Every run's directory is kept under OUT/runs/.
 
-The cost (wall seconds, steps trained by every run, runs) is printed and written into the profile, so that any
-comparison that uses the profile can count it. Not yet validated: whether tta with a calibrated profile beats the
-priors, or comes near the hindsight-best option, is issue 62's later items.
+The cost is printed and written into the profile (``cost``), so that any comparison that uses the profile can count
+it: ``train_seconds``, the sum over every raced run of its training seconds, on ``clock``, the clock the runs
+trained on (always ``simulated`` here: the simulated clock at SIMULATION's inputs and LINK, so simulated seconds,
+the unit a simulated bench cell is timed in, with each step priced at these given inputs, not at a cell's measured
+ones); ``wall_seconds``, the real seconds the whole calibration took (runs side by side, evaluations, start-up);
+``steps`` trained by every run; ``runs``. netsense bench charges ``train_seconds`` in full to every run that used
+the profile (netsense.bench.stats; an older profile without it: its wall seconds, named as such). Not yet
+validated: whether tta with a calibrated profile beats the priors, or comes near the hindsight-best option, is
+issue 62's later items.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +61,7 @@ INTERVAL_LEVEL = 0.95
 # The simulated clock's inputs, given so that no run measures them (the steps to a loss do not depend on them).
 SIMULATION = {"computeSeconds": 0.01, "compressionSecondsPerMelement": 0.01, "lowRankSecondsPerMelement": 0.01}
 LINK = {"type": "static", "rate": "10Gbit"}
+CLOCK = "simulated"  # every calibration run's clock: its cost's train_seconds are on it
 
 
 @dataclass
@@ -96,7 +104,7 @@ def run_doc(job: Job, compression: dict, seed: int, budget: int) -> dict:
         t.pop(key, None)
     t.update(maxSteps=budget, seed=seed, stopAtTarget=False, evalEvery=budget, threads=1)
     spec["compression"] = compression
-    spec["network"] = {"clock": "simulated", "profile": LINK, "simulation": SIMULATION}
+    spec["network"] = {"clock": CLOCK, "profile": LINK, "simulation": SIMULATION}
     spec["runPolicy"] = {**spec.get("runPolicy", {}), "backoffLimit": 0}
     for key in ("output", "suspend"):
         spec.pop(key, None)
@@ -157,7 +165,9 @@ class Race:
         self.dense = self.candidates[0]
         self.milestone: float | None = None
         self.runs = self.steps_trained = 0
-        self.wall = 0.0
+        self.wall = self.train_seconds = 0.0
+        self.clocks: set[str] = set()  # the clocks the runs trained on (one: the simulated)
+        self._count = threading.Lock()  # the runs finish in threads
 
     def _run(self, c: Candidate, seed: int, budget: int) -> None:
         from netsense.emulation.runner import RunFailed, run_job
@@ -170,8 +180,11 @@ class Race:
         except RunFailed as e:
             raise RuntimeError(f"calibration run {name} failed: {e} (its output: {run_dir})") from None
         c.losses[seed], c.tried[seed] = _losses(run_dir), budget
-        self.runs += 1
-        self.steps_trained += result.get("steps", budget)
+        with self._count:
+            self.runs += 1
+            self.steps_trained += result.get("steps", budget)
+            self.train_seconds += result.get("train_seconds") or 0.0
+            self.clocks.add(result.get("clock") or CLOCK)
 
     def _run_all(self, work: list[tuple[Candidate, int]], budget: int) -> None:
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
@@ -239,7 +252,9 @@ class Race:
                           "dense_steps": {str(s): self.dense.steps[s] for s in self.seeds}},
             "seeds": self.seeds,
             "interval_level": INTERVAL_LEVEL,
-            "cost": {"wall_seconds": round(self.wall, 1), "steps": self.steps_trained, "runs": self.runs},
+            "cost": {"wall_seconds": round(self.wall, 1), "steps": self.steps_trained, "runs": self.runs,
+                     "train_seconds": round(self.train_seconds, 1),
+                     "clock": "+".join(sorted(self.clocks)) or CLOCK},
             "topk": self._family("topk"),
             "powersgd": self._family("powersgd"),
         }
@@ -272,8 +287,10 @@ def summary_lines(profile: dict) -> list[str]:
                 what = f"{e['steps_factor']:.2f}x" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
             lines.append(f"{unit} {option}: {what} the dense steps")
     cost = profile["cost"]
-    lines.append(f"cost: {cost['wall_seconds']:.0f} s wall, {cost['steps']} steps trained in {cost['runs']} runs "
-                 f"({len(profile['seeds'])} seeds; intervals at {profile['interval_level']:.0%})")
+    lines.append(f"cost: {cost['train_seconds']:.0f} s of training on the {cost['clock']} clock (what a comparison "
+                 f"charges each run that uses this profile), {cost['wall_seconds']:.0f} s wall, {cost['steps']} steps "
+                 f"trained in {cost['runs']} runs ({len(profile['seeds'])} seeds; intervals at "
+                 f"{profile['interval_level']:.0%})")
     return lines
 
 

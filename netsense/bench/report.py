@@ -33,6 +33,36 @@ def _families(grid: dict) -> str:
     return "; ".join(f"{head} with {', '.join(members)}" for head, members in named.items())
 
 
+def calibrated(rows: list[dict]) -> bool:
+    """Whether any row's runs used a penalties profile (stats: its calibration columns)."""
+    return any("tta_charged_mean_s" in r for r in rows)
+
+
+def _calibration_legend() -> str:
+    from netsense.bench.stats import AMORTIZED_OVER
+
+    return (f"Calibration (issue 66): a method whose runs used a penalties profile (tta's compression.penalties, "
+            f"made by netsense calibrate) is charged what the calibration cost, in full, to every run it served: "
+            f"calibration s = the profile's cost (the training seconds of the calibration's raced runs, on the "
+            f"clock named: simulated, at the calibration's own given inputs; wall = an older profile that recorded "
+            f"only its wall seconds; unrecorded = none, nothing charged); with calibration = time to target + "
+            f"that cost; amortized = time to target + cost / {AMORTIZED_OVER} (one calibration shared by "
+            f"{AMORTIZED_OVER} runs of the same model). A grid that gives one profile to all its cells charges it "
+            f"in full to each seed's cell. For such a method regret, the paired comparison (and the choice of the "
+            f"best other), wins, the further targets and the sensitivity ratios use the charged time; time to "
+            f"target and ± are its own, uncharged. A method without a profile: its own time in every column.")
+
+
+def _calibration_cells(r: dict) -> str:
+    """' with calibration | ± | amortized | calibration s (clock) |' cells of a row (its own time where it used no
+    profile)."""
+    if "tta_charged_mean_s" not in r:
+        return f" {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | {fmt(r['tta_mean_s'])} | none |"
+    cost = f"{fmt(r.get('calibration_s'), 1)} ({r.get('calibration_clock')})"
+    return (f" {fmt(r['tta_charged_mean_s'])} | {fmt(r.get('tta_charged_std_s'))} | "
+            f"{fmt(r.get('tta_amortized_mean_s'))} | {cost} |")
+
+
 def _exposure(rows: list[dict]) -> list[str]:
     """The contention-matched ceiling's table (stats.matched_ceiling), where the grid measured it."""
     rows = [r for r in rows if r.get("ceiling_samples_per_s")]
@@ -77,6 +107,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
              "worst shaped link (time-weighted, so a method's few large steps weigh in), step queue = the median "
              "over steps of each step's worst queueing delay, drops = packets the queues dropped, cross = the "
              "cross traffic's goodput while on (Mbit/s): what the method did to the bottleneck.", ""]
+    if calibrated(rows):
+        lines += [_calibration_legend(), ""]
     if ceiling:
         each = f" (before and after the cells: {' and '.join(f'{c:.0f}' for c in ceilings)})" \
             if ceilings and len(ceilings) > 1 else ""
@@ -91,12 +123,16 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
                   "Under each table: the network time a step left exposed (its step time less its twin's) "
                   "against the wire time of the bytes it sent at the link's median rate.", ""]
     for scenario in sorted({r["scenario"] for r in rows}):
+        charge = calibrated([r for r in rows if r["scenario"] == scenario])
         lines += [f"## {scenario}", "",
-                  "| method | time to target s | ± | regret | paired vs best other [95% CI] | wins | reached | failed | steps "
+                  "| method | time to target s | ± |"
+                  + (" with calibration s | ± | amortized s | calibration s |" if charge else "")
+                  + " regret | paired vs best other [95% CI] | wins | reached | failed | steps "
                   "| samples/s "
                   "| x allreduce | x ceiling | best acc | final acc "
                   "| density | MB/step | selection ms | queue p99 ms | step queue ms | drops | cross Mbit/s |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                  "| --- | ---: | ---: |" + (" ---: | ---: | ---: | ---: |" if charge else "")
+                  + " ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
                   "| ---: "
                   "| ---: "
                   "| ---: | ---: | ---: | ---: |"]
@@ -106,7 +142,8 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
         for r in rows:
             if r["scenario"] == scenario:
                 label = f"{r['method']} (best fixed)" if r["method"] == best_fixed else r["method"]
-                lines.append(f"| {label} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} | "
+                lines.append(f"| {label} | {fmt(r['tta_mean_s'])} | {fmt(r['tta_std_s'])} |"
+                             + (_calibration_cells(r) if charge else "") + " "
                              f"{fmt(r['regret'])} | {paired(r)} | {fmt(r.get('wins'))} | {r['reached']} | {r.get('failed', 0)} | {fmt(r.get('steps_to_target'), 0)} | "
                              f"{fmt(r['samples_per_s'], 0)} | {fmt(r.get('x_allreduce'))} | "
                              f"{fmt(r.get('ratio_to_ceiling'))} | "
@@ -124,11 +161,11 @@ def markdown(name: str, rows: list[dict], grid: dict, ceiling: float | None = No
         lines += _exposure([r for r in rows if r["scenario"] == scenario])
         lines += _readings(grid, [r for r in rows if r["scenario"] == scenario])
     if varied:
-        lines += _sensitivity(varied)
+        lines += _sensitivity(varied, calibrated(rows))
     return "\n".join(lines)
 
 
-def _sensitivity(varied: list[dict]) -> list[str]:
+def _sensitivity(varied: list[dict], charge: bool = False) -> list[str]:
     """One constant at a time: each variant's time to the target over the method's own, same seeds."""
     lines = ["## Sensitivity", "",
              "One constant changed at a time, everything else at the method's settings. Ratio = the geometric "
@@ -136,7 +173,8 @@ def _sensitivity(varied: list[dict]) -> list[str]:
              "log ratios (from 5 seeds; above 1: slower); Holm = still significant at 5% when every row of this "
              "table is counted (Holm's correction): an interval that excludes 1 on its own is one comparison of "
              "many; reached = seeds that reached the target within the budget (a seed either never reached is "
-             "censored and not in the ratio).", "",
+             "censored and not in the ratio)." + (" A run that used a penalties profile is charged its calibration "
+                                                  "in full, in the ratio and in the times." if charge else ""), "",
              "| scenario | method | constant | value | time-to-target ratio [95% CI] | Holm | n | reached | method reached "
              "| time to target s | method's time to target s |",
              "| --- | --- | --- | ---: | ---: | :---: | ---: | :---: | :---: | ---: | ---: |"]
@@ -204,7 +242,9 @@ def _readings(grid: dict, rows: list[dict]) -> list[str]:
         line = f"| {r['method']} |"
         for t in targets:
             e = r["targets"][str(t)]
-            line += f" {fmt(e['tta_mean_s'])} | {fmt(e['tta_std_s'])} | {paired(e)} | {e['reached']} |"
+            mean = fmt(e["tta_mean_s"]) + (f" (with calibration {fmt(e.get('tta_charged_mean_s'))})"
+                                           if "tta_charged_mean_s" in e else "")
+            line += f" {mean} | {fmt(e['tta_std_s'])} | {paired(e)} | {e['reached']} |"
         if epochs:
             a = r["after_epochs"]
             line += f" {fmt(a['mean'], 3)} | {fmt(a['std'], 3)} | {a['n']} |"
@@ -238,10 +278,13 @@ def plots(out_dir: str, rows: list[dict], results: list[dict]) -> list[str]:
             ax.scatter(ttas, [y] * len(ttas), s=10, color=colors[m], alpha=0.7)
             if row["tta_mean_s"] is not None:
                 ax.plot([row["tta_mean_s"]] * 2, [y - 0.3, y + 0.3], color="black", lw=1.5)
+            if row.get("tta_charged_mean_s") is not None:  # its calibration charged in full: what it is compared by
+                ax.plot([row["tta_charged_mean_s"]] * 2, [y - 0.3, y + 0.3], color="red", lw=1.5, ls="--")
             ax.text(1.01, y, paired(row).split(" (n=")[0] if row.get("paired_ratio") else
                     f"reached {row['reached']}", transform=ax.get_yaxis_transform(), fontsize=6, va="center")
         ax.set_yticks(range(len(methods)), methods, fontsize=7)
-        ax.set_xlabel("time to target (s): seeds, and their mean", fontsize=8)
+        ax.set_xlabel("time to target (s): seeds, and their mean" + (
+            "; dashed red: the mean with the calibration charged" if calibrated(rows) else ""), fontsize=8)
         ax.set_title(scenario, fontsize=9)
     fig.tight_layout()
     path = os.path.join(out_dir, "time_to_target.png")  # not tta.png: tta is a method's name

@@ -1,6 +1,18 @@
 """Results -> one row per method and scenario: means and spreads over seeds, regret, the paired comparison
 with the best other method (same seeds, a t interval on the log ratios from 5 pairs, wins), what the method
-did to the bottleneck (queueing delay, drops, the cross traffic's goodput), and every seed's record."""
+did to the bottleneck (queueing delay, drops, the cross traffic's goodput), and every seed's record.
+
+A calibration's cost (issue 66): a run that used a penalties profile (tta's ``compression.penalties``; its
+result's ``penalties.cost``, netsense.control.penalties) is charged the calibration in full: its time to target
+plus the profile's cost in seconds (``cost_seconds``: the training seconds of the calibration's raced runs, on the
+simulated clock; an older profile's wall seconds). The full charge is per run it serves: a grid that gives one
+profile, made once, to all its cells charges it to every seed's cell, as if each were the one run the calibration
+was made for. Beside it the amortized time, time to target plus cost / AMORTIZED_OVER (the calibration shared by
+that many runs of the same model). For such a method regret, the paired comparison (the best other method is
+chosen by charged means too), wins, the further targets and the sensitivity ratios all use the charged time; its
+own time to target (``tta_mean_s``) stays in the row. A method without a profile has nothing charged: its numbers
+are what they were before.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +22,10 @@ import os
 import statistics
 
 from netsense.bench.grid import NO_WIRE, sensitivity_groups
+from netsense.control.penalties import cost_seconds
 from netsense.train.results import curve_of, reaches, result_target
+
+AMORTIZED_OVER = 10  # issue 66: the amortized column shares a calibration over this many runs of the same model
 
 
 def _mean(values: list[float]) -> float | None:
@@ -98,6 +113,52 @@ def cross_goodput(result: dict) -> float | None:
     return sum(f["mean_mbit_when_on"] for f in flows.values()) if flows else None
 
 
+def calibration(result: dict) -> dict | None:
+    """What the run's penalties profile cost, charged to it: {"seconds", "clock", "file"} (seconds None where the
+    profile recorded no cost: nothing charged, clock "unrecorded"); None: the run used no profile. A raw result
+    carries it as the trainer recorded the profile (``penalties``: file, cost, factors), a table's per-seed record
+    as this (``calibration``)."""
+    if "calibration" in result:
+        return result["calibration"]
+    used = result.get("penalties")
+    if not isinstance(used, dict):
+        return None
+    seconds, clock = cost_seconds(used.get("cost"))
+    return {"seconds": seconds, "clock": clock, "file": used.get("file")}
+
+
+def charged(result: dict, t: float | None, over: int = 1) -> float | None:
+    """A time (``t``: the run's time to a target) with the run's calibration charged: in full (``over`` 1), or
+    shared by ``over`` runs; ``t`` itself for a run without a profile (or without a recorded cost), None where
+    ``t`` is None (not reached)."""
+    cost = calibration(result)
+    if t is None or cost is None or cost.get("seconds") is None:
+        return t
+    return t + cost["seconds"] / over
+
+
+def compared_mean(row: dict) -> float | None:
+    """The mean a row is compared by (regret, the best other method): its charged mean where its runs used a
+    penalties profile, else its mean time to target."""
+    return row["tta_charged_mean_s"] if "tta_charged_mean_s" in row else row["tta_mean_s"]
+
+
+def _calibration_columns(row_runs: list[dict], runs: list[dict], ttas_of, reached: bool) -> dict:
+    """The row's calibration columns, where any of its runs used a profile (else none): the cost charged
+    (mean over the runs that used one, and its clock), the charged and amortized times to target."""
+    costs = [c for r in row_runs if (c := calibration(r)) is not None]
+    if not costs:
+        return {}
+    seconds = [c["seconds"] for c in costs if c.get("seconds") is not None]
+    full = [charged(r, t) for r in runs if (t := ttas_of(r)) is not None]
+    shared = [charged(r, t, AMORTIZED_OVER) for r in runs if (t := ttas_of(r)) is not None]
+    return {"calibration_s": _mean(seconds), "calibration_clock": "+".join(sorted({c["clock"] for c in costs})),
+            "calibration_files": sorted({str(c.get("file")) for c in costs}),
+            "tta_charged_mean_s": _mean(full) if reached else None,
+            "tta_charged_std_s": _spread(full) if reached else None,
+            "tta_amortized_mean_s": _mean(shared) if reached else None, "amortized_over": AMORTIZED_OVER}
+
+
 SEED_KEYS = ("status", "time_to_accuracy_s", "steps", "bytes_sent_per_worker", "mean_density", "best_accuracy",
              "final_accuracy", "throughput_samples_per_s", "value_encoding", "wire_bytes_per_element",
              "link_rate_mbit_min", "link_rate_mbit_median", "link_rate_mbit_max", "reason", "lowrank_steps")
@@ -107,12 +168,14 @@ def seed_record(result: dict) -> dict:
     """What a table keeps of one run, so that every number it and the README quote can be recomputed from the
     committed table alone (the runs' own directories are not kept): its time, steps, bytes, density, accuracy,
     the rates it trained under, its encoding."""
+    cost = calibration(result)
     return {"seed": result.get("seed", 0), "steps_to_target": steps_to_target(result),
             "accuracy_curve": result.get("accuracy_curve"),
             # a loss target's run is read off its loss curve: kept with it (an accuracy run's is not needed)
             **({k: result.get(k) for k in ("target_metric", "loss_curve")} if result.get("target_metric") == "loss"
                else {}),
-            **{k: result.get(k) for k in SEED_KEYS if result.get(k) is not None}}
+            **{k: result.get(k) for k in SEED_KEYS if result.get(k) is not None},
+            **({"calibration": cost} if cost is not None else {})}
 
 
 def summarize(results: list[dict], family: dict[str, str] | None = None) -> list[dict]:
@@ -149,12 +212,14 @@ def summarize(results: list[dict], family: dict[str, str] | None = None) -> list
             "failures": [{"seed": r.get("seed"), "reason": r.get("reason") or r.get("status") or "no result"}
                          for r in row["runs"] if r.get("status") != "Succeeded"],
             "per_seed": [seed_record(r) for r in sorted(row["runs"], key=lambda r: r.get("seed", 0))],
+            **_calibration_columns(row["runs"], runs, lambda r: r.get("time_to_accuracy_s"), bool(reached)),
         })
     for scenario in {r["scenario"] for r in out}:
         in_scenario = [r for r in out if r["scenario"] == scenario]
-        best = min((r["tta_mean_s"] for r in in_scenario if r["tta_mean_s"] is not None), default=None)
+        best = min((m for r in in_scenario if (m := compared_mean(r)) is not None), default=None)
         for r in in_scenario:
-            r["regret"] = (r["tta_mean_s"] / best) if best and r["tta_mean_s"] is not None else math.inf
+            mean = compared_mean(r)
+            r["regret"] = (mean / best) if best and mean is not None else math.inf
     paired_against_best_other(results, out, family=family)
     return sorted(out, key=lambda r: (r["scenario"], r["regret"]))
 
@@ -220,11 +285,12 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
     TTA among those outside its family, ``family``: label -> family; by default each method is its own):
     the geometric mean over common seeds of TTA / the other's TTA, its 95% t interval (paired_ratio), and the
     fraction of the scenario's seeds on which the method was the fastest of all. A method leads only
-    where the whole interval is below 1. ``tta_of``: a result's TTA (another target's)."""
+    where the whole interval is below 1. ``tta_of``: a result's TTA (another target's). Every time compared is
+    charged its run's calibration (``charged``), and the best other is chosen by ``compared_mean``."""
     family = family or {}
     tta: dict[tuple[str, str], dict[int, float]] = {}
     for r in results:
-        if r.get("status") == "Succeeded" and (t := tta_of(r)) is not None:
+        if r.get("status") == "Succeeded" and (t := charged(r, tta_of(r))) is not None:
             tta.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = t
     for scenario in {r["scenario"] for r in rows}:
         in_scenario = [r for r in rows if r["scenario"] == scenario]
@@ -236,11 +302,11 @@ def paired_against_best_other(results: list[dict], rows: list[dict],
                        wins=sum(1 for f in fastest.values() if f and f[1] == row["method"]) / max(1, len(seeds)))
             mine_family = family.get(row["method"], row["method"])
             others = [r for r in in_scenario if family.get(r["method"], r["method"]) != mine_family
-                      and r["tta_mean_s"] is not None]
+                      and compared_mean(r) is not None]
             mine = tta.get((scenario, row["method"]), {})
             if not others or not mine:
                 continue
-            other = min(others, key=lambda r: r["tta_mean_s"])
+            other = min(others, key=compared_mean)
             ratio, lo, hi, pairs = paired_ratio(mine, tta.get((scenario, other["method"]), {}))
             if pairs:
                 row.update(vs=other["method"], paired_ratio=ratio, ratio_lo=lo, ratio_hi=hi, pairs=pairs)
@@ -258,15 +324,18 @@ def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
     return _gmean(ratios), lo, hi, len(ratios)
 
 
-def seed_times(row: dict) -> dict[int, float | None]:
+def seed_times(row: dict, charge: bool = True) -> dict[int, float | None]:
     """A table row's seed -> time to accuracy (None: not reached), from its per-seed records: what paired_ratio
-    and seed_ratios compare."""
-    return {s["seed"]: s.get("time_to_accuracy_s") for s in row.get("per_seed", [])}
+    and seed_ratios compare; a seed that used a penalties profile charged its calibration in full (``charge``;
+    False: its own time alone)."""
+    return {s["seed"]: charged(s, s.get("time_to_accuracy_s")) if charge else s.get("time_to_accuracy_s")
+            for s in row.get("per_seed", [])}
 
 
-def mean_tta(row: dict) -> float | None:
-    """A table row's mean time to accuracy over its seeds; None unless every seed reached the target."""
-    ttas = [t for t in seed_times(row).values() if t is not None]
+def mean_tta(row: dict, charge: bool = True) -> float | None:
+    """A table row's mean time to accuracy over its seeds (each charged its calibration, as ``seed_times``); None
+    unless every seed reached the target."""
+    ttas = [t for t in seed_times(row, charge).values() if t is not None]
     return statistics.fmean(ttas) if ttas and len(ttas) == len(row.get("per_seed", [])) else None
 
 
@@ -290,7 +359,8 @@ def at_targets(results: list[dict], rows: list[dict], targets: list[float], epoc
             ttas = [t for r in runs if (t := time_to(r, target)) is not None]
             every = len(ttas) == len(runs) and bool(runs)
             sub.append({"scenario": row["scenario"], "method": row["method"], "reached": f"{len(ttas)}/{len(runs)}",
-                        "tta_mean_s": _mean(ttas) if every else None, "tta_std_s": _spread(ttas) if every else None})
+                        "tta_mean_s": _mean(ttas) if every else None, "tta_std_s": _spread(ttas) if every else None,
+                        **_calibration_columns(runs, runs, lambda r, t=target: time_to(r, t), every)})
         paired_against_best_other(results, sub, lambda r, t=target: time_to(r, t), family)
         for row, entry in zip(rows, sub, strict=True):
             row["targets"][str(target)] = entry
@@ -306,10 +376,11 @@ def sensitivity(results: list[dict], grid: dict) -> list[dict]:
     """One row per variant of the grid's ``sensitivity:`` section and scenario: the geometric mean over
     common seeds of the variant's TTA / the method's own (at its settings), with its bootstrap 95%
     interval, and how many seeds each reached the target (a seed one of them never reached in the budget
-    is right-censored and left out of the ratio: the reached counts say how many)."""
+    is right-censored and left out of the ratio: the reached counts say how many). A run that used a penalties
+    profile is charged its calibration in full (``charged``), in the ratio and in the means."""
     runs: dict[tuple[str, str], dict[int, float | None]] = {}
     for r in results:
-        t = r.get("time_to_accuracy_s") if r.get("status") == "Succeeded" else None
+        t = charged(r, r.get("time_to_accuracy_s")) if r.get("status") == "Succeeded" else None
         runs.setdefault((r["scenario"], r["method_label"]), {})[r.get("seed", 0)] = t
     scenarios = sorted({r["scenario"] for r in results})
     rows = []

@@ -8,7 +8,7 @@ The file (penalties.json)::
      "job": "quick",                               # the job it was measured on
      "milestone": {"loss": 0.81, "smoothing": "trailing mean of 10 steps", "dense_steps": {"0": 38, "1": 41}},
      "seeds": [0, 1],
-     "cost": {"wall_seconds": 212.4, "steps": 3880, "runs": 16},
+     "cost": {"wall_seconds": 212.4, "steps": 3880, "runs": 16, "train_seconds": 41.3, "clock": "simulated"},
      "topk": {"0.01": {"steps_factor": 1.31, "interval": [0.9, 1.9], "steps": {"0": 50, "1": 53}},
               "0.001": {"steps_factor": 3.2, "lower_bound": true, "interval": null, "steps": {"0": null, ...}}},
      "powersgd": {"2": {...}, "8": {...}}}
@@ -20,6 +20,19 @@ An option that did not reach the milestone within the calibration's largest budg
 and ``steps_factor`` is the budget over dense's steps (it takes at least that many), or, where that is lower,
 the largest factor of a less compressed option of its family (``budget_bound`` then keeps the budget's). tta reads every
 ``steps_factor`` as measured (a lower bound as the factor itself: the cheapest it can be).
+
+``cost`` is what the calibration took: ``train_seconds``, the sum over its raced runs of their training seconds
+on ``clock``, the clock its runs trained on (``simulated``: netsense calibrate runs every race on the simulated
+clock at its own given inputs, netsense.bench.calibration.SIMULATION and a 10 Gbit/s link, so these are simulated
+seconds, the unit a simulated bench cell is timed in, with a step priced at those inputs rather than at a cell's
+measured ones; a race on the real clock would give real training seconds); ``wall_seconds``, the real seconds the
+whole calibration took on its machine (runs side by side, evaluations, start-up: what the person waited);
+``steps``, every run's steps, summed; ``runs``. ``cost_seconds`` reads the charge a comparison makes of it
+(netsense.bench.stats charges it to every run that used the profile). A profile written before
+``train_seconds`` (issue 66) has only ``wall_seconds``: it is read, and charged its wall seconds, on the clock
+``wall``, which a table names (a different clock from a simulated cell's: larger where the machine ran the race
+slower than the simulated clock prices it, never left out); a profile without any cost is charged nothing, on the
+clock ``unrecorded``, which a table names too.
 
 Between the measured densities (ranks) the factor is interpolated linearly in log factor against log density
 (log rank); below the smallest it is extrapolated with the slope of the lowest pair; above the largest (less
@@ -35,6 +48,18 @@ from dataclasses import dataclass
 
 FORMAT = 1  # netsense_penalties: the version of the file's format
 FAMILIES = ("topk", "powersgd")
+
+
+def cost_seconds(cost: object) -> tuple[float | None, str]:
+    """(seconds, clock) that a profile's ``cost`` charges a run that used it: its ``train_seconds`` on its
+    ``clock`` (simulated where it does not say: every calibration so far raced on the simulated clock); an older
+    profile's ``wall_seconds`` on the clock ``wall``; (None, "unrecorded") without either."""
+    cost = cost if isinstance(cost, dict) else {}
+    for key, clock in (("train_seconds", cost.get("clock") or "simulated"), ("wall_seconds", "wall")):
+        value = cost.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value), clock
+    return None, "unrecorded"
 
 
 class PenaltiesError(ValueError):
@@ -71,7 +96,7 @@ class Penalties:
     topk: dict[float, float]
     powersgd: dict[int, float]
     source: str = ""  # the file it came from
-    cost: dict | None = None  # what calibrating cost (wall seconds, steps): part of any comparison using it
+    cost: dict | None = None  # what calibrating cost (training and wall seconds, steps): charged by comparisons
 
     def topk_factor(self, density: float) -> float:
         """TopK's steps at ``density`` over the dense steps."""
