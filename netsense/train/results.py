@@ -55,6 +55,12 @@ def result_target(result: dict) -> tuple[str, float] | None:
     return None if value is None else (metric, value)
 
 
+def evaluated(result: dict, metric: str, which: str = "best") -> float | None:
+    """A result's ``which`` (best or final) evaluation of ``metric``: best_accuracy / final_accuracy, or for a loss
+    best_eval_loss / final_eval_loss (the evaluations' loss, not the last training batch's final_loss)."""
+    return result.get(f"{which}_{'accuracy' if metric == 'accuracy' else 'eval_loss'}")
+
+
 def reaches(metric: str, value: float, target: float) -> bool:
     """Whether an evaluation's ``value`` of ``metric`` meets ``target``: an accuracy at or above it, a loss at or
     below it."""
@@ -214,11 +220,10 @@ def summary_lines(result: dict) -> list[str]:
     if target is not None:
         hold = result.get("target_hold", 3)
         tta = result.get("time_to_accuracy_s")
-        key = "accuracy" if target[0] == "accuracy" else "eval_loss"
         lines.append(f"  target {target[0]} {target[1]}: " + (
             f"reached at {tta:.2f} s of training (held {hold} evaluations)" if tta is not None else
             f"NOT reached (held {hold} evaluations in a row needed)") + f"; best {target[0]} "
-            f"{fmt(result.get(f'best_{key}'))}, final {fmt(result.get(f'final_{key}'))}")
+            f"{fmt(evaluated(result, target[0]))}, final {fmt(evaluated(result, target[0], 'final'))}")
     steps = result.get("steps") or 0
     per_step = result.get("bytes_sent_per_worker", 0) / steps / 1e3 if steps else None
     lines.append(f"  {fmt(result.get('throughput_samples_per_s'), '.0f')} samples/s, mean density "

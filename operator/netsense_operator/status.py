@@ -6,6 +6,7 @@ import datetime
 import json
 
 from netsense.gang import TRAINER
+from netsense.train.results import evaluated, result_target
 
 PENDING, RUNNING, SUCCEEDED, FAILED, SUSPENDED = "Pending", "Running", "Succeeded", "Failed", "Suspended"
 FINISHED = (SUCCEEDED, FAILED)
@@ -118,13 +119,10 @@ def waiting_reason(pod: dict) -> str | None:
 
 
 def _target(result: dict) -> tuple[str, float, float | None] | None:
-    """(metric, target, best) of the target a result's job set: accuracy (targetAccuracy, its best accuracy) or
-    loss (targetLoss, its best evaluation loss); None when it set none. A result from before loss targets has no
-    target_metric: its target is the accuracy."""
-    metric = result.get("target_metric") or "accuracy"
-    target = result.get(f"target_{metric}")
-    best = result.get("best_accuracy" if metric == "accuracy" else "best_eval_loss")
-    return None if target is None else (metric, target, best)
+    """(metric, target, best) of the target a result's job set (netsense.train.results: accuracy or loss, and its
+    best evaluation of it); None when it set none."""
+    target = result_target(result)
+    return None if target is None else (*target, evaluated(result, target[0]))
 
 
 def target_condition(result: dict) -> tuple[str, str, str]:
