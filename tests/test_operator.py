@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -566,12 +568,16 @@ def test_the_control_plane_dies_with_the_process_that_started_it(control_plane):
             f"cp = ControlPlane({control_plane.bin_dir!r}).__enter__()\nprint(cp.dir, flush=True)\ntime.sleep(600)\n")
     with Watched.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                        cwd=os.path.join(REPO, "tests")) as parent:  # killed with its children if this fails
-        parent.proc.stdout.readline()
-        wait_for(lambda: len(parent.processes()) == 2, timeout=30, what="etcd and kube-apiserver up")
-        started = parent.processes()
-        parent.proc.kill()
-        parent.proc.wait()
-        wait_for(lambda: not alive(started), timeout=10, what="etcd and kube-apiserver gone")
+        workdir = parent.proc.stdout.readline().strip()
+        try:
+            wait_for(lambda: len(parent.processes()) == 2, timeout=30, what="etcd and kube-apiserver up")
+            started = parent.processes()
+            parent.proc.kill()
+            parent.proc.wait()
+            wait_for(lambda: not alive(started), timeout=10, what="etcd and kube-apiserver gone")
+        finally:  # a SIGKILLed parent cannot remove its work directory (certificates, etcd's data): we do
+            if workdir.startswith(os.path.join(tempfile.gettempdir(), "netsense-envtest-")):
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT-while-ignored"])
