@@ -202,6 +202,9 @@ class SimulatedClock:
         self.jitter, self.seed = jitter, seed
         self.t = 0.0
         self.steps = 0
+        # each step's work as settle priced it, run-length coded: [steps, sparse elements, low-rank elements,
+        # [[kind, wire bytes, blocking, carried], ...]] (netsense.clock.replay prices them on another link)
+        self.shapes: list[list] = []
 
     def now(self) -> float:
         return self.t
@@ -236,6 +239,7 @@ class SimulatedClock:
 
     def settle(self, step_start: float, timer: ModeledTimer, selection_timer: ModeledTimer,
                counts: StepCounts) -> StepCost:
+        self._record(counts, timer.collectives)
         selection = (self.compression_s_per_element * counts.sparse_elements
                      + self.lowrank_s_per_element * counts.lowrank_elements)
         step = schedule(timer.collectives, self.compute_s, selection,
@@ -243,3 +247,11 @@ class SimulatedClock:
         self.t += step.seconds
         self.steps += 1
         return StepCost(step.busy, self.compute_s, selection)
+
+    def _record(self, counts: StepCounts, collectives: list[Collective]) -> None:
+        shape = [counts.sparse_elements, counts.lowrank_elements,
+                 [[c.kind, c.wire_bytes, c.blocking, c.carried] for c in collectives]]
+        if self.shapes and self.shapes[-1][1:] == shape:
+            self.shapes[-1][0] += 1
+        else:
+            self.shapes.append([1, *shape])

@@ -371,6 +371,11 @@ class Trainer:
         # wall_seconds is real time on either clock: on the simulated one, what the study cost to run
         return self._result(samples_per_step, time.perf_counter() - real_start)
 
+    def _reads_clock(self) -> bool:
+        """Whether the compression decides by the steps' measured times (a controller: tta, the paper's, dc2)."""
+        policy = getattr(self.hook, "policy", None)
+        return policy is not None and policy.measures
+
     def interrupted_result(self) -> dict | None:
         """What the run reached before it was stopped (status Interrupted); None before training began."""
         if getattr(self, "hook", None) is None or not self.hook.history:
@@ -428,6 +433,8 @@ class Trainer:
             "job": self.job.name,
             "method": self.job.compression["method"],
             "workers": self.world,
+            "seed": self.t["seed"],
+            "max_seconds": self.budget_s,  # the training budget in seconds (None: none), which stops by the clock
             "model": self.t["model"],
             "dataset": self.t["dataset"],
             # pysource: the text trained on (sha256, bytes, files, Python version): it differs between Pythons
@@ -490,6 +497,9 @@ class Trainer:
             if (unseen := unseen_changes(self.profile, s.train_time)) else [],
             "clock": "simulated" if self.clock.simulated else "real",
             "simulation": self.simulation,
+            # a fixed method's steps as the simulated clock priced them (netsense.clock.replay): its training
+            # never reads the clock, so the same steps price on any other link; None for a controller's
+            "step_shapes": self.clock.shapes if self.clock.simulated and not self._reads_clock() else None,
             # spec.training.readingSteps: what each candidate compressor would keep of this rank's gradient
             "reading": None if self.reading is None else self.reading.record(),
         }
