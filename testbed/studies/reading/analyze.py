@@ -1,4 +1,11 @@
-"""The in-run reading's decision-level table (issue 62, item 3), as REGISTRATION.md beside this file fixed it
+"""Study (registered: REGISTRATION.md). Question: can the first 20 steps of the user's own run tell which
+compressor reaches the target soonest (the bar: within 1.1x of the hindsight-best fixed option, the reading's cost
+counted, on 7 of 8 tasks)?
+Answer (RESULTS.md beside this file): no: "Within 1.1x of the hindsight-best, the reading's cost counted: **2 of
+8** (bar: 7 of 8: NOT met)"; the reading is not shipped.
+Run on: six grids at f9b4c44, the all-conv and transformer grids again at b0d53c7 (as RESULTS.md records).
+
+The in-run reading's decision-level table (issue 62, item 3), as REGISTRATION.md beside this file fixed it
 before any cell ran: each task's pick by the reading (one constant, fitted leave-one-task-out) against the
 hindsight-best fixed option (picked on seeds 2000-2001, judged on 2002-2003), the reading's cost counted.
 
