@@ -227,7 +227,7 @@ def summarize(results: list[dict], family: dict[str, str] | None = None) -> list
 MIN_PAIRS_FOR_INTERVAL = 5  # below this many paired seeds no interval is printed: it would not cover
 
 
-def _gmean(values: list[float]) -> float:
+def gmean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
@@ -321,7 +321,7 @@ def paired_ratio(mine: dict[int, float | None], theirs: dict[int, float | None]
     if not ratios:
         return None, None, None, 0
     lo, hi, _ = t_interval(ratios)
-    return _gmean(ratios), lo, hi, len(ratios)
+    return gmean(ratios), lo, hi, len(ratios)
 
 
 def seed_times(row: dict, charge: bool = True) -> dict[int, float | None]:

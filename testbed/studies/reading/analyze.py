@@ -1,4 +1,11 @@
-"""The in-run reading's decision-level table (issue 62, item 3), as REGISTRATION.md beside this file fixed it
+"""Study (registered: REGISTRATION.md). Question: can the first 20 steps of the user's own run tell which
+compressor reaches the target soonest (the bar: within 1.1x of the hindsight-best fixed option, the reading's cost
+counted, on 7 of 8 tasks)?
+Answer (RESULTS.md beside this file): no: "Within 1.1x of the hindsight-best, the reading's cost counted: **2 of
+8** (bar: 7 of 8: NOT met)"; the reading is not shipped.
+Run on: six grids at f9b4c44, the all-conv and transformer grids again at b0d53c7 (as RESULTS.md records).
+
+The in-run reading's decision-level table (issue 62, item 3), as REGISTRATION.md beside this file fixed it
 before any cell ran: each task's pick by the reading (one constant, fitted leave-one-task-out) against the
 hindsight-best fixed option (picked on seeds 2000-2001, judged on 2002-2003), the reading's cost counted.
 
@@ -22,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, ROOT)
 
 from netsense.bench import store  # noqa: E402
-from netsense.bench.stats import steps_to_target  # noqa: E402
+from netsense.bench.stats import gmean, steps_to_target  # noqa: E402
 
 RECORDS = os.path.join(ROOT, "testbed", "results", "reading-traces")
 TASKS = ("mlp1d", "cnn1d", "cnn32", "syn4", "allconv", "tfm", "digits", "mlp32")
@@ -98,15 +105,11 @@ def pick(runs: dict, task: str, seed: int, a: float, options=OPTIONS) -> str:
     return min(options, key=lambda o: (1 / reader.captured[o]) ** a * tau(o))
 
 
-def geomean(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
 def judge(runs: dict) -> list[dict]:
     rows = []
     for task in TASKS:
         a = fit(runs, [t for t in TASKS if t != task])
-        best = min(OPTIONS, key=lambda o: geomean([runs[(task, o, s)].time for s in PICK_SEEDS]))
+        best = min(OPTIONS, key=lambda o: gmean([runs[(task, o, s)].time for s in PICK_SEEDS]))
         seeds = []
         for s in JUDGE_SEEDS:
             chosen, family = pick(runs, task, s, a), pick(runs, task, s, a, FAMILY_ONLY)
@@ -121,7 +124,7 @@ def judge(runs: dict) -> list[dict]:
                            if not runs[(task, o, s)].reached and not runs[(task, o, s)].diverged})
         diverged = sorted({o for o in OPTIONS for s in PICK_SEEDS + JUDGE_SEEDS if runs[(task, o, s)].diverged})
         rows.append({"task": task, "a": a, "best": best, "seeds": seeds, "censored": censored, "diverged": diverged,
-                     **{k: geomean([x[k] for x in seeds]) for k in
+                     **{k: gmean([x[k] for x in seeds]) for k in
                         ("ratio", "decision_ratio", "family_ratio", "default_ratio")}})
     return rows
 
@@ -136,11 +139,11 @@ def factors(runs: dict) -> list[str]:
         for o in OPTIONS[1:]:
             seeds = PICK_SEEDS + JUDGE_SEEDS
             if any(runs[(task, o, s)].steps is None for s in seeds):
-                c = geomean([runs[(task, READ_FROM, s)].captured[o] for s in seeds])
+                c = gmean([runs[(task, READ_FROM, s)].captured[o] for s in seeds])
                 cells.append(f"diverged / {c:.2f}")
                 continue
-            f = geomean([runs[(task, o, s)].steps / runs[(task, "fp16", s)].steps for s in seeds])
-            c = geomean([runs[(task, READ_FROM, s)].captured[o] for s in seeds])
+            f = gmean([runs[(task, o, s)].steps / runs[(task, "fp16", s)].steps for s in seeds])
+            c = gmean([runs[(task, READ_FROM, s)].captured[o] for s in seeds])
             miss = "+" if any(not runs[(task, o, s)].reached for s in seeds) else ""
             cells.append(f"{f:.2f}{miss} / {c:.2f}")
         out.append(f"| {task} | " + " | ".join(cells) + " |")
@@ -176,7 +179,7 @@ def report(rows: list[dict], runs: dict) -> str:
     lines += ["Each fixed option judged as the reading is (not registered: seen after the table, for the next "
               "registration):", ""]
     for option in OPTIONS:
-        ratios = [geomean([runs[(r["task"], option, s)].time / runs[(r["task"], r["best"], s)].time
+        ratios = [gmean([runs[(r["task"], option, s)].time / runs[(r["task"], r["best"], s)].time
                            for s in JUDGE_SEEDS]) for r in rows]
         lines.append(f"- {option}: within {BAR}x in {sum(x <= BAR for x in ratios)} of {len(rows)} "
                      f"({', '.join(f'{x:.2f}' for x in ratios)})")

@@ -1,9 +1,14 @@
-"""Do two workers' compute steps slow each other on this machine's 2 cores? The simulated clock's measured inputs
+"""Study (one-off). Question: do two workers' compute steps slow each other on this machine's 2 cores?
+Answer (testbed/results/sim-training.md): no: "measured by two processes at once, a step's compute is what one
+process measures alone (the MLP 4.5-4.7 ms against 4.3-4.6, the CNN-1D 7.7-8.0 against 7.7-7.8)".
+Run on: commit not recorded (the numbers were written in 17f5836, with this script).
+
+Do two workers' compute steps slow each other on this machine's 2 cores? The simulated clock's measured inputs
 (netsense.train.calibrate.inputs_for: a step's compute, TopK's and PowerSGD's path per million elements, in ms)
 for a validation grid's method, measured by one process alone and then by two at once, each on one thread, as the
 emulator's two workers run (testbed/results/sim-training.md quotes it).
 
-    .venv/bin/python testbed/simulation/contention.py testbed/grids/sim-validation.yaml topk-0.01
+    .venv/bin/python testbed/studies/contention.py testbed/grids/sim-validation.yaml topk-0.01
 """
 
 from __future__ import annotations
