@@ -177,6 +177,7 @@ def cmd_targets(_args) -> None:
         value = max(per_seed.values()) if metric(task) == "loss" else min(per_seed.values())
         targets[task] = {"metric": metric(task), "target": round(value, 4), "per_pick_seed": per_seed}
         print(task, targets[task])
+        _save("targets.json", targets)
         compressed = {k: v for k, v in FIXED.items() if k != "fp16"}
         _grid(f"judged-{task}-pick", f"The judged set (testbed/judged/REGISTRATION.md): {task}'s compressed fixed "
               f"options on the pick seeds, stopping at the target ({metric(task)} {targets[task]['target']}, held "

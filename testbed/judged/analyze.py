@@ -1,0 +1,241 @@
+"""The judged set's table (issue 66), as testbed/judged/REGISTRATION.md fixed it before any cell ran: per
+scenario, the hindsight-best fixed option (chosen on the pick seeds) against tta (its calibration charged in
+full, amortized, and not at all), the paper's method, dc2 and the fixed defaults, on the judge seeds.
+
+    .venv/bin/python testbed/judged/analyze.py --land      # runs/judged/ -> testbed/results/judged-runs.jsonl.gz
+    .venv/bin/python testbed/judged/analyze.py             # the table, from the committed records
+    .venv/bin/python testbed/judged/analyze.py --rooms     # each task's candidates' room to win (links.json)
+
+A fixed option's time on a scenario is its run (trained on the slow link) replayed on the scenario's link
+(netsense.clock.replay); an adaptive method's is its own run on that link. A calibration's cost on a scenario:
+its raced runs' training seconds replayed on the scenario's link at the task's clock inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from prepare import (  # noqa: E402
+    DEFAULTS,
+    FIXED,
+    HOLD,
+    JUDGE,
+    ORDER,
+    PICK,
+    RUNS,
+    _json,
+    _summary,
+    _with_target,
+    option_time,
+)
+
+from netsense.bench import store  # noqa: E402
+from netsense.bench.stats import AMORTIZED_OVER, holm, reached_at  # noqa: E402
+from netsense.clock.replay import replay  # noqa: E402
+
+RECORDS = os.path.join(ROOT, "testbed", "results", "judged-runs")
+BAR, BAR_SCENARIOS, WORST_BAR, LEVEL = 1.1, 10, 1.25, 0.95
+KEEP = ("method", "method_label", "scenario", "seed", "status", "reason", "steps", "train_seconds",
+        "time_to_accuracy_s", "target_reached", "target_metric", "target_accuracy", "target_loss", "target_hold",
+        "accuracy_curve", "loss_curve", "step_shapes", "simulation", "workers", "clock", "max_seconds",
+        "mean_density", "dense_steps", "lowrank_steps", "probe_steps", "penalties", "commit", "dirty",
+        "code_commit", "grid_commit")
+GRIDS = ("dense", "pick", "judge-fixed", "adaptive")
+
+
+def land() -> str:
+    records = []
+    for task in ORDER:
+        for grid in GRIDS:
+            try:
+                runs = _summary(f"judged-{task}-{grid}")
+            except FileNotFoundError:
+                continue
+            records += [{"task": task, "grid": grid, **{k: r.get(k) for k in KEEP}} for r in runs]
+        for path in sorted(glob.glob(os.path.join(RUNS, f"calibrate-{task}", "runs", "*", "result.json"))):
+            with open(path) as fh:
+                r = json.load(fh)
+            records.append({"task": task, "grid": "calibration", "run": os.path.basename(os.path.dirname(path)),
+                            **{k: r.get(k) for k in KEEP}})
+    return store.save(RECORDS, records)
+
+
+# -- reading the records ---------------------------------------------------------------------------------------
+
+def _records() -> list[dict]:
+    return store.load(RECORDS)
+
+
+def fixed_of(records: list[dict], task: str) -> dict[str, dict[int, dict]]:
+    """option -> seed -> run (held to the task's target), every fixed run of the task."""
+    out: dict[str, dict[int, dict]] = {}
+    for r in records:
+        if r["task"] == task and r["grid"] in ("dense", "pick", "judge-fixed") and r["method_label"] in FIXED:
+            out.setdefault(r["method_label"], {})[r["seed"]] = _with_target(r, task)
+    return out
+
+
+def live_time(r: dict) -> float:
+    at = reached_at(r) if r.get("status") == "Succeeded" else None
+    return math.inf if at is None else at[1]
+
+
+def calibration_cost(records: list[dict], task: str, profile: dict) -> float | None:
+    """The task's calibration's raced runs, their training seconds replayed on ``profile`` at the task's
+    inputs (None: no calibration recorded)."""
+    runs = [r for r in records if r["task"] == task and r["grid"] == "calibration"]
+    if not runs:
+        return None
+    inputs = _json("inputs.json")[task]
+    sim = {k: inputs[k] for k in ("computeSeconds", "compressionSecondsPerMelement", "lowRankSecondsPerMelement")}
+    return sum(replay(r, profile, {**sim, "jitter": 0.0})[-1] for r in runs)
+
+
+def ratio_stats(ratios: list[float]) -> dict:
+    """Geometric mean, its t interval (n - 1 degrees of freedom) and the one-sided p of "below 1"."""
+    from scipy import stats as st
+
+    finite = [r for r in ratios if math.isfinite(r)]
+    if len(finite) < len(ratios):
+        return {"ratio": math.inf, "lo": None, "hi": None, "p_ahead": None, "n": len(ratios)}
+    logs = [math.log(r) for r in finite]
+    m = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(m), "lo": None, "hi": None, "p_ahead": None, "n": len(logs)}
+    se = statistics.stdev(logs) / math.sqrt(len(logs))
+    q = float(st.t.ppf(0.5 + LEVEL / 2, len(logs) - 1))
+    p = float(st.t.cdf(m / se, len(logs) - 1)) if se > 0 else (0.0 if m < 0 else 1.0)
+    return {"ratio": math.exp(m), "lo": math.exp(m - q * se), "hi": math.exp(m + q * se), "p_ahead": p,
+            "n": len(logs)}
+
+
+def scenario_rows(records: list[dict]) -> list[dict]:
+    links = _json("links.json")
+    rows = []
+    for task in ORDER:
+        if task not in links:
+            continue
+        fixed = fixed_of(records, task)
+        adaptive = [r for r in records if r["task"] == task and r["grid"] == "adaptive"]
+        for scenario, profile in links[task]["scenarios"].items():
+            pick = {o: statistics.fmean(option_time(rs[s], profile) for s in PICK)
+                    for o, rs in fixed.items() if all(s in rs for s in PICK)}
+            best = min(pick, key=pick.get)
+            judge_best = {s: option_time(fixed[best][s], profile) for s in JUDGE if s in fixed.get(best, {})}
+            cost = calibration_cost(records, task, profile)
+            row = {"task": task, "scenario": scenario, "room": (links[task]["candidates"].get(scenario) or {}).get(
+                "room"), "best": best, "best_pick_s": pick[best], "best_judge_s": judge_best,
+                "calibration_s": cost, "methods": {}}
+            for label in ("tta", "netsense", "dc2"):
+                runs = {r["seed"]: r for r in adaptive if r["method_label"] == label and r["scenario"] == scenario}
+                own = {s: live_time(r) for s, r in runs.items()}
+                charges = {"own": 0.0, "amortized": (cost or 0.0) / AMORTIZED_OVER, "charged": cost or 0.0}
+                for name, extra in charges.items():
+                    if label != "tta" and name != "own":
+                        continue
+                    ratios = [(own[s] + extra) / judge_best[s] for s in JUDGE if s in own and s in judge_best]
+                    row["methods"][label if name == "own" else f"{label} ({name})"] = {
+                        **ratio_stats(ratios), "mean_s": statistics.fmean(own[s] + extra for s in own) if own
+                        else None, "seeds": sorted(own)}
+                if label == "tta" and runs:
+                    row["tta_chose"] = {s: {"mean_density": r.get("mean_density"), "dense": r.get("dense_steps"),
+                                            "lowrank_steps": r.get("lowrank_steps"), "steps": r.get("steps")}
+                                        for s, r in runs.items()}
+            for o in DEFAULTS:
+                if o == best or o not in fixed:
+                    continue
+                ratios = [option_time(fixed[o][s], profile) / judge_best[s] for s in JUDGE
+                          if s in fixed[o] and s in judge_best]
+                row["methods"][o] = ratio_stats(ratios)
+            rows.append(row)
+    return rows
+
+
+def _fmt(x, digits=2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "not reached"
+    return f"{x:.{digits}f}"
+
+
+def table(rows: list[dict]) -> None:
+    print(f"Judged set (testbed/judged/REGISTRATION.md): ratio = geometric mean over judge seeds {list(JUDGE)} of "
+          f"a method's time to the target / the hindsight-best fixed option's (chosen on pick seeds {list(PICK)}), "
+          f"95% t interval; targets held {HOLD}x.\n")
+    print("| task | scenario | room | hindsight-best (pick s) | tta charged | tta amortized | tta own | paper's | dc2 "
+          "| " + " | ".join(DEFAULTS) + " |")
+    print("|" + "---|" * (9 + len(DEFAULTS)))
+
+    def cell(row, key):
+        m = row["methods"].get(key)
+        if m is None:
+            return "(best)" if key == row["best"] else "-"
+        s = _fmt(m["ratio"])
+        if m.get("lo") is not None:
+            s += f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]"
+        return s
+
+    for row in rows:
+        room = "-" if row["room"] is None else f"{row['room']:.0%}"
+        print(f"| {row['task']} | {row['scenario']} | {room} | {row['best']} ({_fmt(row['best_pick_s'])}) | "
+              + " | ".join(cell(row, k) for k in ("tta (charged)", "tta (amortized)", "tta", "netsense", "dc2",
+                                                  *DEFAULTS)) + " |")
+    judged = [r for r in rows if "tta (charged)" in r["methods"]]
+    if not judged:
+        return
+    print()
+    for key in ("tta (charged)", "tta (amortized)", "tta"):
+        ratios = [r["methods"][key]["ratio"] for r in judged]
+        within = sum(1 for x in ratios if x <= BAR)
+        print(f"{key}: within {BAR}x in {within} of {len(judged)} scenarios (bar {BAR_SCENARIOS} of 12), worst "
+              f"{_fmt(max(ratios))} (bar {WORST_BAR})")
+    changing = [r for r in judged if r["room"] is not None and r["room"] >= 0.15]
+    ps = [r["methods"]["tta (charged)"]["p_ahead"] for r in judged]
+    significant = holm(ps)
+    for r, sig in zip(judged, significant, strict=True):
+        if r in changing:
+            print(f"{r['task']} {r['scenario']} (room {r['room']:.0%}): tta ahead of {r['best']} after Holm: "
+                  f"{'yes' if sig else 'no'} (one-sided p {_fmt(r['methods']['tta (charged)']['p_ahead'], 3)})")
+
+
+def rooms() -> None:
+    for task, entry in _json("links.json").items():
+        for name, c in entry["candidates"].items():
+            print(f"{task} {name}: room {c['room']:.1%} (best fixed {c['best_fixed']} {c['t_fixed']} s, oracle "
+                  f"{c['t_oracle']} s)")
+        print(f"{task}: chosen {entry['chosen']}; the pick seeds' best: {entry['picked']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--land", action="store_true", help="runs/judged/ -> the committed records")
+    ap.add_argument("--rooms", action="store_true", help="each task's changing candidates' room to win")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON")
+    args = ap.parse_args()
+    if args.land:
+        print(land())
+        return
+    if args.rooms:
+        rooms()
+        return
+    rows = scenario_rows(_records())
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1, default=str)
+        return
+    table(rows)
+
+
+if __name__ == "__main__":
+    main()
