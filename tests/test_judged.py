@@ -67,3 +67,24 @@ def test_a_switch_leaves_room_the_oracle_takes_each_phases_best_option(prepare, 
 def test_a_run_that_never_reached_the_target_takes_forever(prepare, runs):
     missed = {**runs["wide"][1], "accuracy_curve": [[10, 0.0, 0.1], [20, 0.0, 0.1]]}
     assert math.isinf(prepare.option_time(missed, FAST))
+
+
+def test_the_judged_tables_in_the_docs_are_what_analyze_prints_from_the_committed_records():
+    """testbed/judged/RESULTS.md (and the README's judged block, where it has one) quote analyze.py's output
+    verbatim between <!-- judged --> markers: every number there is printed from testbed/results/judged-runs."""
+    import re
+    import subprocess
+    import sys
+
+    printed = subprocess.run([sys.executable, os.path.join(REPO, "testbed", "judged", "analyze.py")],
+                             capture_output=True, text=True, check=True, timeout=600).stdout
+    quoted = 0
+    for doc in ("testbed/judged/RESULTS.md", "README.md"):
+        with open(os.path.join(REPO, doc)) as fh:
+            text = fh.read()
+        for block in re.findall(r"<!-- judged -->\n(.*?)<!-- /judged -->", text, re.S):
+            lines = [line for line in block.splitlines() if line.strip()]
+            missing = [line for line in lines if line not in printed.splitlines()]
+            assert not missing, f"{doc}: lines analyze.py does not print: {missing}"
+            quoted += 1
+    assert quoted >= 1, "testbed/judged/RESULTS.md should quote analyze.py's table"

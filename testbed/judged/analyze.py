@@ -106,6 +106,8 @@ def ratio_stats(ratios: list[float]) -> dict:
     """Geometric mean, its t interval (n - 1 degrees of freedom) and the one-sided p of "below 1"."""
     from scipy import stats as st
 
+    if not ratios:
+        return {"ratio": None, "lo": None, "hi": None, "p_ahead": None, "n": 0}
     finite = [r for r in ratios if math.isfinite(r)]
     if len(finite) < len(ratios):
         return {"ratio": math.inf, "lo": None, "hi": None, "p_ahead": None, "n": len(ratios)}
@@ -185,6 +187,8 @@ def table(rows: list[dict]) -> None:
         s = _fmt(m["ratio"])
         if m.get("lo") is not None:
             s += f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]"
+        if m["ratio"] is not None and m["n"] < len(JUDGE):
+            s += f" (n={m['n']})"
         return s
 
     for row in rows:
@@ -192,7 +196,7 @@ def table(rows: list[dict]) -> None:
         print(f"| {row['task']} | {row['scenario']} | {room} | {row['best']} ({_fmt(row['best_pick_s'])}) | "
               + " | ".join(cell(row, k) for k in ("tta (charged)", "tta (amortized)", "tta", "netsense", "dc2",
                                                   *DEFAULTS)) + " |")
-    judged = [r for r in rows if "tta (charged)" in r["methods"]]
+    judged = [r for r in rows if (r["methods"].get("tta (charged)") or {}).get("ratio") is not None]
     if not judged:
         return
     print()
@@ -210,6 +214,35 @@ def table(rows: list[dict]) -> None:
                   f"{'yes' if sig else 'no'} (one-sided p {_fmt(r['methods']['tta (charged)']['p_ahead'], 3)})")
 
 
+def details(records: list[dict]) -> None:
+    """What the prose beside the table quotes: each fixed option's steps to the target (pick seeds), the
+    calibration's runs, steps and factors, and what tta ran (PowerSGD's share of its steps, its mean density)."""
+    for task in ORDER:
+        fixed = fixed_of(records, task)
+        if not fixed:
+            continue
+        steps = {}
+        for o, rs in fixed.items():
+            at = [reached_at(rs[s]) for s in PICK if s in rs]
+            steps[o] = statistics.fmean(a[0] for a in at) if at and all(at) else math.inf
+        print(f"{task}: steps to the target, mean over the pick seeds: "
+              + ", ".join(f"{o} {_fmt(v, 0)}" for o, v in sorted(steps.items(), key=lambda kv: kv[1])))
+        cal = [r for r in records if r["task"] == task and r["grid"] == "calibration"]
+        if cal:
+            profile = _json(f"penalties/{task}.json") if os.path.exists(os.path.join(HERE, "penalties",
+                                                                                    f"{task}.json")) else {}
+            factors = {f"{fam} {o}": v["steps_factor"] for fam in ("topk", "powersgd") for o, v in
+                       (profile.get(fam) or {}).items()}
+            print(f"{task}: calibration: {len(cal)} runs, {sum(r['steps'] for r in cal)} steps; milestone "
+                  f"{profile.get('milestone')}; steps factors {factors}")
+        tta = [r for r in records if r["task"] == task and r["grid"] == "adaptive" and r["method_label"] == "tta"]
+        for scenario in sorted({r["scenario"] for r in tta}):
+            runs = [r for r in tta if r["scenario"] == scenario]
+            share = [r["lowrank_steps"] / r["steps"] for r in runs]
+            print(f"{task} {scenario}: tta ran PowerSGD on {min(share):.0%}-{max(share):.0%} of its steps, mean "
+                  f"density {min(r['mean_density'] for r in runs):.3f}-{max(r['mean_density'] for r in runs):.3f}")
+
+
 def rooms() -> None:
     for task, entry in _json("links.json").items():
         for name, c in entry["candidates"].items():
@@ -223,12 +256,16 @@ def main() -> None:
     ap.add_argument("--land", action="store_true", help="runs/judged/ -> the committed records")
     ap.add_argument("--rooms", action="store_true", help="each task's changing candidates' room to win")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
+    ap.add_argument("--details", action="store_true", help="what RESULTS.md's prose quotes besides the table")
     args = ap.parse_args()
     if args.land:
         print(land())
         return
     if args.rooms:
         rooms()
+        return
+    if args.details:
+        details(_records())
         return
     rows = scenario_rows(_records())
     if args.json:
