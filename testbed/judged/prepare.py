@@ -88,8 +88,7 @@ def _simulation(task: str) -> dict:
 def _rate(bps: float) -> str:
     """Two significant figures, in Mbit."""
     mbit = bps / 1e6
-    digits = 1 - int(math.floor(math.log10(mbit)))
-    return f"{round(mbit, max(digits, 0)):g}Mbit"
+    return f"{round(mbit, 1 - int(math.floor(math.log10(mbit)))):g}Mbit"
 
 
 def profiles(task: str) -> dict:
