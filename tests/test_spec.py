@@ -178,7 +178,7 @@ def test_a_setting_of_another_method_is_an_error_naming_the_field_and_its_method
 def test_each_method_gets_its_own_defaults():
     topk = parse_job(doc(compression={"method": "topk"})).compression
     assert topk == {"method": "topk", "density": 0.1, "values": "fp16", "errorFeedback": True,
-                    "momentumCorrection": True, "momentumMasking": False, "warmupSteps": 0}
+                    "momentumCorrection": True, "momentumMasking": False, "warmupSteps": 0, "selection": "exact"}
     netsense = parse_job(doc(compression={"method": "netsense"})).compression
     assert netsense["initialRatio"] == 0.01
     assert netsense["errorFeedback"] is False, "the paper's method is published without error feedback"
@@ -261,7 +261,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
     with pytest.warns(FutureWarning):
         job = parse_spec({"compression": old})
     assert job.compression == {"method": "tta", "values": "fp16", "errorFeedback": True, "momentumCorrection": True,
-                               "momentumMasking": False, "warmupSteps": 0, "kneeDensity": 0.004,
+                               "momentumMasking": False, "warmupSteps": 0, "selection": "exact", "kneeDensity": 0.004,
                                "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
                                "adaptiveProbing": True, "probePadding": False, "lowRanks": [],

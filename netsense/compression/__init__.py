@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from netsense.clock import REAL, RealClock
-from netsense.compression import native
+from netsense.compression import native, warm
 from netsense.compression.hooks import CompressionState, TorchHookState, compress_hook, torch_hook
 from netsense.compression.lowrank import layout
 from netsense.compression.memory import LocalMomentum, SharedMomentum
@@ -135,8 +135,13 @@ def register(model: torch.nn.parallel.DistributedDataParallel, config: dict | st
     state = CompressionState(policy, process_group, error_feedback=c.get("errorFeedback", False),
                              warmup_steps=c.get("warmupSteps", c.get("startIter", 0)), need_grad_stats=method == "netsense" and c["quantize"],
                              seed=seed, momentum=local,
-                             shared=shared, null_wire=null_wire)
+                             shared=shared, null_wire=null_wire, selection=c.get("selection", "exact"))
     state.clock = clock or REAL
+    device = next(model.parameters()).device
+    if method in ("topk", "netsense", "dc2", "tta") and device.type == "cuda":  # kernels loaded now (warm.py)
+        fp16s = (True, False) if method == "netsense" else (c["values"] == "fp16",)
+        densities = sorted({*warm.DENSITIES, *([c["density"]] if method == "topk" else [])})
+        state.warmed = warm.warm(state.topk.selection, warm.bucket_sizes(model), device, densities, fp16s, world)
     model.register_comm_hook(state, _read_first(compress_hook, reading))
     return state
 

@@ -10,7 +10,9 @@ fewer survive (a pruneFactor near 1), that step ranks every entry, pruned ones t
 
 On CPUs both directions run in fused kernels (native.cpp); on GPUs, or where no compiler is found, in eager
 PyTorch. The two select the same entries and decode alike (tested, step after step), so ranks may even mix
-them.
+them. With ``selection: sampled`` (spec.compression) the selection is sampled.py's instead, on any device: a
+sampled threshold and fixed-size outputs, no host synchronization, the exact top k with probability at least
+``1 - sampled.count_bound(n, k)`` (padding slots of value 0 otherwise); the same packed format and decode.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from netsense.compression import native
+from netsense.compression import native, sampled
 from netsense.compression.memory import ResidualMemory
 from netsense.compression.selection import (
     Workspace,
@@ -30,10 +32,17 @@ from netsense.compression.selection import (
 
 class TopK:
     """Per-bucket buffers and fused selectors (reused across steps: DDP finishes a bucket before its next
-    step begins), and one random generator per device for the sampled thresholds, seeded per rank."""
+    step begins), and one random generator per device for the sampled thresholds, seeded per rank.
 
-    def __init__(self, seed: int, rank: int):
-        self.seed, self.rank = seed, rank
+    ``selection``: ``exact`` (the native kernels on CPUs, selection.py elsewhere) or ``sampled`` (sampled.py;
+    pruning, netsense's alone, always takes the exact path)."""
+
+    SELECTIONS = ("exact", "sampled")
+
+    def __init__(self, seed: int, rank: int, selection: str = "exact"):
+        if selection not in self.SELECTIONS:
+            raise ValueError(f"selection {selection!r}: one of {', '.join(self.SELECTIONS)}")
+        self.seed, self.rank, self.selection = seed, rank, selection
         self.workspaces: dict[int, Workspace] = {}
         self.selectors: dict[int, native.Selector] = {}
         self._generators: dict[tuple[torch.device, str], torch.Generator] = {}
@@ -54,6 +63,8 @@ class TopK:
     def compress(self, bucket: dist.GradBucket, k: int, fp16: bool, prune: float,
                  memory: ResidualMemory | None) -> torch.Tensor:
         """The bucket's packed (indices, values); with memory, what is not sent stays in it."""
+        if self.selection == "sampled" and prune <= 0:
+            return self._sampled(bucket, k, fp16, memory)
         if native.usable(bucket.buffer()):
             return self._native(bucket, k, fp16, prune, memory)
         return self._torch(bucket, k, fp16, prune, memory)
@@ -92,6 +103,15 @@ class TopK:
             ResidualMemory.sent(signal, indices, values)
         # Indices first: 4k bytes keep the values' offset aligned for any dtype view.
         return torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
+
+    def _sampled(self, bucket: dist.GradBucket, k: int, fp16: bool, memory: ResidualMemory | None) -> torch.Tensor:
+        """sampled.py's selection: fixed sizes, no host synchronization."""
+        buf, ws = bucket.buffer(), self.workspace(bucket)
+        signal = memory.compensate(*_keyed(bucket)) if memory is not None else buf
+        n = buf.numel()
+        return sampled.compress(signal, k, fp16, self.generator(buf.device),
+                                ws.get("magnitude", n, buf.dtype, buf.device), ws.get("mask", n, torch.bool, buf.device),
+                                error_feedback=memory is not None)
 
     @staticmethod
     def decompress(buf: torch.Tensor, gathered: list[torch.Tensor], k: int, fp16: bool, world: int,

@@ -62,7 +62,8 @@ class CompressionState(MeasuredState):
     decision   this step's (density, fp16, dense or sparse, prune)
     warmup     this step is dense because compression has not begun (warmupSteps, default none)
     memory     error feedback: what sparse steps did not send, by bucket (None without it)
-    topk       the sparse compressor: selection and packing, and summing the gathered chunks
+    topk       the sparse compressor: selection (``selection``: exact or sampled) and packing, and summing the
+               gathered chunks
     lowrank    the low-rank compressor (PowerSGD): each parameter's warm start
     momentum   the SGD momentum and weight decay, applied here instead of by the optimizer (memory.py:
                momentum correction; None: the optimizer applies them)
@@ -74,7 +75,7 @@ class CompressionState(MeasuredState):
     def __init__(self, policy: Policy | None, process_group: dist.ProcessGroup | None = None,
                  error_feedback: bool = True, warmup_steps: int = 0, need_grad_stats: bool = False, seed: int = 0,
                  momentum: LocalMomentum | None = None,
-                 shared: SharedMomentum | None = None, null_wire: bool = False):
+                 shared: SharedMomentum | None = None, null_wire: bool = False, selection: str = "exact"):
         super().__init__(process_group)
         self.null_wire = null_wire
         self.policy = policy
@@ -86,12 +87,13 @@ class CompressionState(MeasuredState):
         self.shared = shared
         self.shared_step = False  # this step's momentum is the shared one (a PowerSGD step)
         self.switching = False  # ... and the last step's was not, or the other way round
-        self.topk = TopK(seed, dist.get_rank(process_group))
+        self.topk = TopK(seed, dist.get_rank(process_group), selection)
         self.lowrank = LowRank(seed)
         self.warmup_steps = warmup_steps
         self.need_grad_stats = need_grad_stats
         self.decision = Decision()
         self.warmup = False
+        self.warmed: list[tuple[int, int, bool]] = []  # (n, k, fp16) run once at registration (warm.py; CUDA)
         self._agreement: torch.futures.Future | None = None
 
     def optimizer_terms(self, momentum: float, weight_decay: float) -> tuple[float, float]:

@@ -298,6 +298,17 @@ def _values(doc: str = "how a sparse step's values travel: fp32 (4 bytes) or fp1
     return F(Str(enum=("fp32", "fp16"), doc=doc + _VALUES_SAME), default=VALUES_DEFAULT)
 
 
+# How TopK's entries are found (issue 64). exact: the k largest, always (the native kernels on CPUs; on GPUs a
+# path that reads counts back to the host); sampled: netsense/compression/sampled.py.
+SELECTIONS = ("exact", "sampled")
+_SELECTION = F(Str(enum=SELECTIONS,
+                   doc="how a sparse step finds its k entries: exact (the k largest; on CPUs the fused kernels) or "
+                       "sampled (a threshold from a random sample of the magnitudes, fixed-size outputs and no "
+                       "host synchronization, for GPUs: the exact k largest except with probability under 2e-6 a "
+                       "bucket and step, else the largest above the threshold with zero-valued padding, or a "
+                       "truncation; error feedback keeps whatever is not sent: "
+                       "netsense/compression/sampled.py)"), default="exact")
+
 _MIN_DENSITY = F(Float(min=0, max=1, exclusive_min=True, doc="never send less than this fraction"), default=0.001)
 
 # spec.compression.penalties on a cluster: "configmap:NAME", a ConfigMap of the job's namespace holding the profile
@@ -346,6 +357,7 @@ COMPRESSION = Union("method", {
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,
         "warmupSteps": _WARMUP,
+        "selection": _SELECTION,
     }, checks=[_check_momentum], doc="TopK at a fixed density"),
     "netsense": Obj({
         # The paper's method is published without error feedback: that is what `netsense` runs unless asked.
@@ -379,10 +391,12 @@ COMPRESSION = Union("method", {
         "gain": F(Float(min=0, max=1, exclusive_min=True, doc="exponent of the multiplicative update (damping)"),
                   default=0.5),
         "minDensity": _MIN_DENSITY,
+        "selection": _SELECTION,
     }, checks=[_check_momentum], doc="a delay-driven peer after DC2 (INFOCOM 2021): TopK density steered to keep the collectives' delay "
            "near delayTarget x the compute time"),
     "tta": Obj({
         "values": _values(),
+        "selection": _SELECTION,
         "errorFeedback": _ERROR_FEEDBACK,
         "momentumCorrection": _MOMENTUM_CORRECTION,
         "momentumMasking": _MOMENTUM_MASKING,

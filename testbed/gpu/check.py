@@ -2,9 +2,10 @@
 
 Steps, each ok / failed / skipped (with the reason) / dry (run on the CPU in place of the GPU):
 
-1. cuda-tests: the compression tests' CUDA variants (pytest -m cuda): the same selection, collisions,
-   error-feedback conservation and rank agreement as on the CPU, on CUDA tensors. Without CUDA: only
-   that they are collected.
+1. cuda-tests: the compression tests' CUDA variants (pytest -m cuda, tests/test_compression.py and
+   tests/test_sampled.py): the same selection, collisions, error-feedback conservation and rank agreement as
+   on the CPU, on CUDA tensors; the sampled selection's count bound, recall, bit-exact error feedback, and
+   that it never synchronizes with the host. Without CUDA: only that they are collected.
 2. shared-gpu-job: `netsense run` of a 2-rank job on emulated, shaped links (a static and a step profile)
    with both ranks on the one GPU over gloo (NCCL refuses two ranks on one device). Checks that it
    trains (loss falls), that the collectives were timed by CUDA events, that those times are plausible
@@ -12,7 +13,8 @@ Steps, each ok / failed / skipped (with the reason) / dry (run on the CPU in pla
 3. nccl-smoke: every method's hook on a world-size-1 NCCL group, a few steps, parameters finite.
    Without CUDA: the same on gloo and the CPU.
 4. selection: selection + compression overhead against the ResNet18 and VGG16 compute step on the GPU
-   (testbed/bench_selection.py --device cuda). Without CUDA: a small CPU run of the same script.
+   (testbed/bench_selection.py --device cuda), the exact PyTorch path and the sampled one side by side, in
+   ms and in GB/s against the device's peak. Without CUDA: a small CPU run of the same script.
 5. cluster-path: every GPU sample (manifests/samples/paper-*.yaml) built into the pods the operator makes,
    validated against the Kubernetes schema, each trainer asking for its GPU with NCCL pinned to the shaped
    eth0 and a NET_ADMIN-only shaper beside it. With --cluster NAMESPACE (the current kubeconfig's cluster,
@@ -39,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
+CUDA_TESTS = ["tests/test_compression.py", "tests/test_sampled.py"]
 METHODS = ["allreduce", "fp16", "topk", "netsense", "tta", "powersgd"]
 
 
@@ -75,15 +78,14 @@ def cuda_tests(ctx: Ctx) -> Step:
     step = Step("cuda-tests")
     log = ctx.out / "cuda-tests.log"
     if not ctx.cuda:
-        rc = run([PY, "-m", "pytest", "-q", "--collect-only", "-m", "cuda", "tests/test_compression.py"], log, 120)
-        collected = sum(1 for line in log.read_text().splitlines() if "[cuda]" in line)
+        rc = run([PY, "-m", "pytest", "-q", "--collect-only", "-m", "cuda", *CUDA_TESTS], log, 120)
+        collected = sum(1 for line in log.read_text().splitlines() if "::" in line)  # -m cuda: each one a variant
         if rc != 0 or collected == 0:
             return Step(step.name, "failed", f"the CUDA variants did not collect (rc {rc}, {collected} found)")
         return Step(step.name, "skipped", f"{collected} CUDA variants collected, not run: {ctx.reason}",
                     data={"collected": collected})
     xml = ctx.out / "cuda-tests.xml"
-    rc = run([PY, "-m", "pytest", "-q", "-rs", "-m", "cuda", "tests/test_compression.py", f"--junitxml={xml}"],
-             log, 300)
+    rc = run([PY, "-m", "pytest", "-q", "-rs", "-m", "cuda", *CUDA_TESTS, f"--junitxml={xml}"], log, 360)
     text = xml.read_text() if xml.exists() else ""
     counts = step.data = _junit_counts(text)
     if rc != 0 or counts.get("skipped", 0) or not counts.get("tests"):
@@ -255,13 +257,23 @@ def selection(ctx: Ctx) -> Step:
     if rc != 0 or not rows.exists():
         return Step("selection", "failed", f"bench_selection exited {rc} (selection.txt)")
     data = json.loads(rows.read_text())
-    at_1pct = [r for r in data if r["density"] == 0.01 and r["path"] == "pytorch"]
-    detail = "; ".join(f"{r['model']}: {r['select_ms'] + r['decode_ms']:.2f} ms at density 0.01 = "
-                       f"{100 * r['overhead_x_step']:.1f}% of a {r['compute_step_ms']:.1f} ms step" for r in at_1pct)
+    detail = "; ".join(selection_detail(data, model) for model in dict.fromkeys(r["model"] for r in data))
     if ctx.cuda:
         return Step("selection", "ok", detail, data={"rows": data})
     return Step("selection", "dry", f"{detail} (CPU, mlp; ResNet18/VGG16 on a GPU: {ctx.reason})",
                 data={"rows": data})
+
+
+def selection_detail(rows: list[dict], model: str) -> str:
+    """One model's figures at density 0.01: each path's select + decode, share of the step, GB/s, % of peak."""
+    at = {r["path"]: r for r in rows if r["model"] == model and r["density"] == 0.01}
+    if not at:
+        return f"{model}: no row at density 0.01"
+    first = next(iter(at.values()))
+    paths = ", ".join(f"{path} {r['select_ms'] + r['decode_ms']:.3f} ms ({100 * r['overhead_x_step']:.1f}%, "
+                      f"{r['pct_of_peak']:.1f}% of peak)" for path, r in at.items())
+    return (f"{model} at density 0.01 against a {first['compute_step_ms']:.1f} ms step, peak "
+            f"{first['peak_gbs']:.0f} GB/s: {paths}")
 
 
 # ---- the run ----------------------------------------------------------------------
