@@ -33,6 +33,7 @@ from prepare import (  # noqa: E402
     JUDGE,
     ORDER,
     PICK,
+    RECORDS,
     RUNS,
     _json,
     _summary,
@@ -44,7 +45,6 @@ from netsense.bench import store  # noqa: E402
 from netsense.bench.stats import AMORTIZED_OVER, holm, reached_at  # noqa: E402
 from netsense.clock.replay import replay  # noqa: E402
 
-RECORDS = os.path.join(ROOT, "testbed", "results", "judged-runs")
 BAR, BAR_SCENARIOS, WORST_BAR, LEVEL = 1.1, 10, 1.25, 0.95
 KEEP = ("method", "method_label", "scenario", "seed", "status", "reason", "steps", "train_seconds",
         "time_to_accuracy_s", "target_reached", "target_metric", "target_accuracy", "target_loss", "target_hold",
@@ -63,7 +63,10 @@ def land() -> str:
             except FileNotFoundError:
                 continue
             records += [{"task": task, "grid": grid, **{k: r.get(k) for k in KEEP}} for r in runs]
-        for path in sorted(glob.glob(os.path.join(RUNS, f"calibrate-{task}", "runs", "*", "result.json"))):
+        paths = sorted(glob.glob(os.path.join(RUNS, f"calibrate-{task}", "runs", "*", "result.json")))
+        if not paths and store.resolve(RECORDS):  # a fresh machine: the calibration's committed records
+            records += [r for r in store.load(RECORDS) if r["task"] == task and r["grid"] == "calibration"]
+        for path in paths:
             with open(path) as fh:
                 r = json.load(fh)
             records.append({"task": task, "grid": "calibration", "run": os.path.basename(os.path.dirname(path)),

@@ -36,6 +36,7 @@ from netsense.clock.replay import replay  # noqa: E402
 from netsense.clock.simulated import FRAMING  # noqa: E402
 
 RUNS = os.path.join(ROOT, "runs", "judged")
+RECORDS = os.path.join(ROOT, "testbed", "results", "judged-runs")  # analyze.py --land writes them
 GRIDS = os.path.join(ROOT, "testbed", "grids")
 B = 2000  # the budget: targets at 80% of it
 MAX_STEPS = 3 * B
@@ -154,8 +155,19 @@ def cmd_dense(_args) -> None:
 
 
 def _summary(name: str) -> list[dict]:
-    with open(os.path.join(RUNS, name, "summary.json")) as fh:
-        return json.load(fh)
+    """A grid's runs: its bench summary under runs/judged/, else (a fresh machine) the committed records'."""
+    path = os.path.join(RUNS, name, "summary.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    from netsense.bench import store
+
+    task, grid = name.removeprefix("judged-").split("-", 1)
+    kept = [r for r in (store.load(RECORDS) if store.resolve(RECORDS) else []) if r["task"] == task
+            and r["grid"] == grid]
+    if not kept:
+        raise FileNotFoundError(path)
+    return kept
 
 
 def _curve(result: dict, task: str) -> dict[int, float]:
