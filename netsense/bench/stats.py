@@ -231,12 +231,13 @@ def gmean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def t_interval(ratios: list[float], level: float = 0.95) -> tuple[float | None, float | None, float | None]:
+def t_interval(ratios: list[float], level: float = 0.95, min_pairs: int = MIN_PAIRS_FOR_INTERVAL
+               ) -> tuple[float | None, float | None, float | None]:
     """(low, high, two-sided p of "the geometric mean is 1") of paired ratios: Student's t on the log ratios
     (the seeds' ratios are what varies; a t interval covers at n = 10 where a percentile bootstrap under-covers),
-    back-transformed. None below MIN_PAIRS_FOR_INTERVAL pairs."""
+    back-transformed. None below ``min_pairs`` pairs (a registered set may state fewer, at least 2)."""
     n = len(ratios)
-    if n < MIN_PAIRS_FOR_INTERVAL:
+    if n < max(2, min_pairs):
         return None, None, None
     from scipy import stats as st  # here only: a bench's summary, not a run's start-up
 

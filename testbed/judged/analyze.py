@@ -42,7 +42,7 @@ from prepare import (  # noqa: E402
 )
 
 from netsense.bench import store  # noqa: E402
-from netsense.bench.stats import AMORTIZED_OVER, holm, reached_at  # noqa: E402
+from netsense.bench.stats import AMORTIZED_OVER, gmean, holm, reached_at, t_interval  # noqa: E402
 from netsense.clock.replay import replay  # noqa: E402
 
 BAR, BAR_SCENARIOS, WORST_BAR, LEVEL = 1.1, 10, 1.25, 0.95
@@ -106,23 +106,16 @@ def calibration_cost(records: list[dict], task: str, profile: dict) -> float | N
 
 
 def ratio_stats(ratios: list[float]) -> dict:
-    """Geometric mean, its t interval (n - 1 degrees of freedom) and the one-sided p of "below 1"."""
-    from scipy import stats as st
-
+    """Geometric mean, its t interval (n - 1 degrees of freedom: stats.t_interval) and the one-sided p of
+    "below 1"."""
     if not ratios:
         return {"ratio": None, "lo": None, "hi": None, "p_ahead": None, "n": 0}
-    finite = [r for r in ratios if math.isfinite(r)]
-    if len(finite) < len(ratios):
+    if not all(math.isfinite(r) for r in ratios):
         return {"ratio": math.inf, "lo": None, "hi": None, "p_ahead": None, "n": len(ratios)}
-    logs = [math.log(r) for r in finite]
-    m = statistics.fmean(logs)
-    if len(logs) < 2:
-        return {"ratio": math.exp(m), "lo": None, "hi": None, "p_ahead": None, "n": len(logs)}
-    se = statistics.stdev(logs) / math.sqrt(len(logs))
-    q = float(st.t.ppf(0.5 + LEVEL / 2, len(logs) - 1))
-    p = float(st.t.cdf(m / se, len(logs) - 1)) if se > 0 else (0.0 if m < 0 else 1.0)
-    return {"ratio": math.exp(m), "lo": math.exp(m - q * se), "hi": math.exp(m + q * se), "p_ahead": p,
-            "n": len(logs)}
+    lo, hi, p = t_interval(ratios, LEVEL, min_pairs=2)
+    ratio = gmean(ratios)
+    ahead = None if p is None else p / 2 if ratio < 1 else 1 - p / 2
+    return {"ratio": ratio, "lo": lo, "hi": hi, "p_ahead": ahead, "n": len(ratios)}
 
 
 def scenario_rows(records: list[dict]) -> list[dict]:

@@ -318,10 +318,11 @@ def cmd_links(args) -> None:
     chosen = name if found[name]["room"] >= ROOM_BAR else "static-mid"
     scenarios = {"static-slow": ps["static-slow"], "static-fast": ps["static-fast"],
                  chosen: found[chosen]["profile"] if chosen in found else ps["static-mid"]}
-    picked = sorted({best_fixed(runs, p)[0] for p in scenarios.values()} | set(DEFAULTS))
+    best = {s: best_fixed(runs, p)[0] for s, p in scenarios.items()}
+    picked = sorted(set(best.values()) | set(DEFAULTS))
     links = _json("links.json")
-    links[task] = {"candidates": found, "chosen": chosen, "scenarios": scenarios, "picked": {
-        s: best_fixed(runs, p)[0] for s, p in scenarios.items()}, "judge_fixed": picked}
+    links[task] = {"candidates": found, "chosen": chosen, "scenarios": scenarios, "picked": best,
+                   "judge_fixed": picked}
     _save("links.json", links)
     # the calibration job, and the judge seeds' grid (the picked fixed options; the adaptive methods)
     os.makedirs(os.path.join(HERE, "jobs"), exist_ok=True)
