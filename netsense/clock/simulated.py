@@ -203,8 +203,9 @@ class SimulatedClock:
         self.t = 0.0
         self.steps = 0
         # each step's work as settle priced it, run-length coded: [steps, sparse elements, low-rank elements,
-        # [[kind, wire bytes, blocking, carried], ...]] (netsense.clock.replay prices them on another link)
-        self.shapes: list[list] = []
+        # [[kind, wire bytes, blocking, carried], ...]] (netsense.clock.replay prices them on another link); None:
+        # not kept (a controller's steps follow the link, so nothing could replay them)
+        self.shapes: list[list] | None = []
 
     def now(self) -> float:
         return self.t
@@ -249,6 +250,8 @@ class SimulatedClock:
         return StepCost(step.busy, self.compute_s, selection)
 
     def _record(self, counts: StepCounts, collectives: list[Collective]) -> None:
+        if self.shapes is None:
+            return
         shape = [counts.sparse_elements, counts.lowrank_elements,
                  [[c.kind, c.wire_bytes, c.blocking, c.carried] for c in collectives]]
         if self.shapes and self.shapes[-1][1:] == shape:

@@ -180,6 +180,8 @@ class Trainer:
                              momentum=self.t["momentum"] if sgd else 0.0,
                              weight_decay=self.t["weightDecay"] if sgd else 0.0, null_wire=self.t["nullWire"],
                              clock=self.clock, reading=self.reading)
+        if self.clock.simulated and self._reads_clock():
+            self.clock.shapes = None  # its steps follow the link: not replayable, not kept (netsense.clock.replay)
         if not sgd:
             self.opt = torch.optim.Adam(self.model.parameters(), lr=self.t["lr"], weight_decay=self.t["weightDecay"])
         else:
@@ -499,7 +501,7 @@ class Trainer:
             "simulation": self.simulation,
             # a fixed method's steps as the simulated clock priced them (netsense.clock.replay): its training
             # never reads the clock, so the same steps price on any other link; None for a controller's
-            "step_shapes": self.clock.shapes if self.clock.simulated and not self._reads_clock() else None,
+            "step_shapes": self.clock.shapes if self.clock.simulated else None,
             # spec.training.readingSteps: what each candidate compressor would keep of this rank's gradient
             "reading": None if self.reading is None else self.reading.record(),
         }
