@@ -4,10 +4,12 @@ Runs after test_local_node.py (its node is down by then: one node per machine)."
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -21,6 +23,7 @@ def test_down_sweeps_what_a_killed_node_left(tmp_path):
     from support.node import KUBECONFIG, leftovers, node_binaries
 
     kubectl = os.path.join(node_binaries(), "kubectl")
+    envtest_dirs = set(glob.glob(os.path.join(tempfile.gettempdir(), "netsense-envtest-*")))
 
     log = open(tmp_path / "up.log", "w")
     up = subprocess.Popen([sys.executable, "-m", "support.node", "up"], cwd=TESTS, stdout=log,
@@ -46,3 +49,6 @@ def test_down_sweeps_what_a_killed_node_left(tmp_path):
     subprocess.run([sys.executable, "-m", "support.node", "down"], cwd=TESTS, check=True)
     left = {k: v for k, v in leftovers().items() if v}
     assert not left, f"`down` left: {left}"
+    # The control plane's certificates and etcd data (123 MB) are the node's too: none left in the temp dir.
+    new_dirs = set(glob.glob(os.path.join(tempfile.gettempdir(), "netsense-envtest-*"))) - envtest_dirs
+    assert not new_dirs, f"the killed node's control plane left {sorted(new_dirs)}"

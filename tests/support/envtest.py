@@ -141,12 +141,14 @@ class Supervised:
 class ControlPlane(Supervised):
     """etcd + kube-apiserver. With ``address`` and ``for_node`` (support.node), the API server serves a real
     node: it listens where pods reach it, its certificate names the ``kubernetes`` Service, and service
-    accounts are admitted (a controller-manager creates them)."""
+    accounts are admitted (a controller-manager creates them). Its certificates and etcd's data live in a
+    directory of their own, made in ``parent_dir`` (the system's temporary directory by default) and removed
+    at ``stop``; a supervisor that can be killed before it stops (support.node) puts it where its sweep looks."""
 
     def __init__(self, bin_dir: str | None = None, log_dir: str | None = None, address: str = "127.0.0.1",
-                 for_node: bool = False, port: int = 0):
+                 for_node: bool = False, port: int = 0, parent_dir: str | None = None):
         self.bin_dir = bin_dir
-        self.dir = tempfile.mkdtemp(prefix="netsense-envtest-")
+        self.dir = tempfile.mkdtemp(prefix="netsense-envtest-", dir=parent_dir)
         self.log_dir = log_dir or self.dir
         self.procs: list[subprocess.Popen] = []
         self.address = address

@@ -173,7 +173,10 @@ class LocalNode(Supervised):
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
         _run("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
-        self.cp = ControlPlane(bins, log_dir=self.log_dir, address=GATEWAY, for_node=True, port=API_PORT)
+        # Its certificates and etcd's data under STATE, so that `down` sweeps them after a SIGKILLed supervisor
+        # (in the system's /tmp each such run left 123 MB behind).
+        self.cp = ControlPlane(bins, log_dir=self.log_dir, address=GATEWAY, for_node=True, port=API_PORT,
+                               parent_dir=STATE)
         self.cp.start()
         with open(self.cp.kubeconfig) as src, open(KUBECONFIG, "w") as dst:
             dst.write(src.read())
