@@ -5,6 +5,7 @@ full, amortized, and not at all), the paper's method, dc2 and the fixed defaults
     .venv/bin/python testbed/judged/analyze.py --land      # runs/judged/ -> testbed/results/judged-runs.jsonl.gz
     .venv/bin/python testbed/judged/analyze.py             # the table, from the committed records
     .venv/bin/python testbed/judged/analyze.py --rooms     # each task's candidates' room to win (links.json)
+    .venv/bin/python testbed/judged/analyze.py --emulated  # the emulated confirmation against the simulated runs
 
 A fixed option's time on a scenario is its run (trained on the slow link) replayed on the scenario's link
 (netsense.clock.replay); an adaptive method's is its own run on that link. A calibration's cost on a scenario:
@@ -51,7 +52,8 @@ KEEP = ("method", "method_label", "scenario", "seed", "status", "reason", "steps
         "accuracy_curve", "loss_curve", "step_shapes", "simulation", "workers", "clock", "max_seconds",
         "mean_density", "dense_steps", "lowrank_steps", "probe_steps", "penalties", "commit", "dirty",
         "code_commit", "grid_commit")
-GRIDS = ("dense", "pick", "judge-fixed", "adaptive")
+GRIDS = ("dense", "pick", "judge-fixed", "adaptive", "emulated", "emulated-sim")
+FIXED_GRIDS = ("dense", "pick", "judge-fixed", "emulated-sim")  # fixed options on the simulated clock
 
 
 def land() -> str:
@@ -84,7 +86,7 @@ def fixed_of(records: list[dict], task: str) -> dict[str, dict[int, dict]]:
     """option -> seed -> run (held to the task's target), every fixed run of the task."""
     out: dict[str, dict[int, dict]] = {}
     for r in records:
-        if r["task"] == task and r["grid"] in ("dense", "pick", "judge-fixed") and r["method_label"] in FIXED:
+        if r["task"] == task and r["grid"] in FIXED_GRIDS and r["method_label"] in FIXED:
             out.setdefault(r["method_label"], {})[r["seed"]] = _with_target(r, task)
     return out
 
@@ -239,6 +241,39 @@ def details(records: list[dict]) -> None:
                   f"density {min(r['mean_density'] for r in runs):.3f}-{max(r['mean_density'] for r in runs):.3f}")
 
 
+def emulated(records: list[dict]) -> None:
+    """The emulated confirmation: per scenario, tta's time to the B/2 target over the hindsight-best fixed
+    option's (emulated.json), in real time, beside the same ratio read from the simulated runs at that target."""
+    spec = _json("emulated.json")
+    print(f"Emulated confirmation (REGISTRATION.md): tta / the pick seeds' best fixed option at the B/2 target, "
+          f"geometric mean over judge seeds {list(JUDGE)}, 95% t interval; real time on tc-shaped links beside the "
+          f"simulated clock's runs read at the same target. Registered: the direction is compared, not the value.\n")
+    print("| task | scenario | target | fixed | emulated | simulated | same direction |")
+    print("|---|---|---|---|---|---|---|")
+    agree = 0
+    for task, e in spec.items():
+        fixed = fixed_of(records, task)
+        for scenario, profile in e["scenarios"].items():
+            best = e["best"][scenario]
+            emu = [r for r in records if r["task"] == task and r["grid"] == "emulated" and r["scenario"] == scenario]
+            emu_tta = {r["seed"]: live_time(r) for r in emu if r["method_label"] == "tta"}
+            emu_fixed = {r["seed"]: live_time(r) for r in emu if r["method_label"] == best}
+            sim_tta = {r["seed"]: live_time(_with_target(r, task, e["target"])) for r in records
+                       if r["task"] == task and r["grid"] == "adaptive" and r["scenario"] == scenario
+                       and r["method_label"] == "tta"}
+            sim_fixed = {s: option_time(_with_target(r, task, e["target"]), profile)
+                         for s, r in fixed.get(best, {}).items() if s in JUDGE}
+            sides = [ratio_stats([a[s] / b[s] for s in JUDGE if s in a and s in b])
+                     for a, b in ((emu_tta, emu_fixed), (sim_tta, sim_fixed))]
+            cells = [_fmt(m["ratio"]) + (f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]" if m["lo"] is not None else "")
+                     + (f" (n={m['n']})" if 0 < m["n"] < len(JUDGE) else "") for m in sides]
+            same = "-" if None in (sides[0]["ratio"], sides[1]["ratio"]) else (
+                "yes" if (sides[0]["ratio"] < 1) == (sides[1]["ratio"] < 1) else "no")
+            agree += same == "yes"
+            print(f"| {task} | {scenario} | {e['metric']} {e['target']} | {best} | {cells[0]} | {cells[1]} | {same} |")
+    print(f"\nsame direction in {agree} of {sum(len(e['scenarios']) for e in spec.values())} scenarios")
+
+
 def rooms() -> None:
     for task, entry in _json("links.json").items():
         for name, c in entry["candidates"].items():
@@ -253,6 +288,7 @@ def main() -> None:
     ap.add_argument("--rooms", action="store_true", help="each task's changing candidates' room to win")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     ap.add_argument("--details", action="store_true", help="what RESULTS.md's prose quotes besides the table")
+    ap.add_argument("--emulated", action="store_true", help="the emulated confirmation against the simulated runs")
     args = ap.parse_args()
     if args.land:
         print(land())
@@ -262,6 +298,9 @@ def main() -> None:
         return
     if args.details:
         details(_records())
+        return
+    if args.emulated:
+        emulated(_records())
         return
     rows = scenario_rows(_records())
     if args.json:

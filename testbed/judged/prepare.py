@@ -10,7 +10,10 @@ seeds' records only): the clock's inputs a task, the targets, the links and thei
                                                                  # the judge-seed grids
     netsense calibrate testbed/judged/jobs/<task>-calibrate.yaml --out runs/judged/calibrate-<task>
     .venv/bin/python testbed/judged/prepare.py penalties TASK    # the calibration's profile, committed
-    netsense bench testbed/grids/judged-<task>-judge.yaml --out runs/judged/judged-<task>-judge
+    netsense bench testbed/grids/judged-<task>-judge-fixed.yaml --out runs/judged/judged-<task>-judge-fixed
+    netsense bench testbed/grids/judged-<task>-adaptive.yaml --out runs/judged/judged-<task>-adaptive
+    .venv/bin/python testbed/judged/prepare.py emulated          # emulated.json and the confirmation's grids
+    netsense bench testbed/grids/judged-<task>-emulated.yaml --out runs/judged/judged-<task>-emulated   # root
 
 Records: runs/judged/ (not committed); analyze.py --land writes the committed records.
 """
@@ -57,6 +60,8 @@ TASKS = {
 FIXED = {"fp16": {"method": "fp16"},
          **{f"topk-{d:g}": {"method": "topk", "density": d} for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05)},
          **{f"powersgd-r{r}": {"method": "powersgd", "rank": r} for r in (1, 2, 4, 8)}}
+EMULATED = ("gru1d", "cnn1d")  # the emulated confirmation: B/2, in real time on tc-shaped links
+EMULATED_TARGET_STEPS = (720, 760, 800)  # as TARGET_STEPS: the three evaluations ending at 80% of B/2
 DEFAULTS = ("topk-0.005", "powersgd-r4", "fp16")  # run on the judge seeds whatever the pick seeds chose
 ADAPTIVE = {"tta": {"method": "tta", "lowRanks": [1, 2, 4, 8]}, "netsense": {"method": "netsense"},
             "dc2": {"method": "dc2"}}
@@ -99,16 +104,18 @@ def profiles(task: str) -> dict:
             "static-mid": {"type": "static", "rate": _rate(r / 3)}}
 
 
-def _target_training(task: str) -> dict:
-    value = _json("targets.json")[task]["target"]
+def _target_training(task: str, value: float | None = None, max_steps: int = MAX_STEPS) -> dict:
+    value = _json("targets.json")[task]["target"] if value is None else value
     return {("targetLoss" if metric(task) == "loss" else "targetAccuracy"): value, "stopAtTarget": True,
-            "maxSteps": MAX_STEPS}
+            "maxSteps": max_steps}
 
 
-def _grid(name: str, header: str, training: dict, task: str, methods: dict, profs: dict, seeds) -> str:
+def _grid(name: str, header: str, training: dict, task: str, methods: dict, profs: dict, seeds,
+          network: dict | None = None) -> str:
+    """Write testbed/grids/<name>.yaml; ``network``: the simulated clock at the task's inputs unless given."""
+    network = {"clock": "simulated", "simulation": _simulation(task)} if network is None else network
     grid = {"name": name,
-            "base": {"workers": 2, "training": training,
-                     "network": {"clock": "simulated", "simulation": _simulation(task)}},
+            "base": {"workers": 2, "training": training, "network": network},
             "methods": methods, "profiles": profs, "seeds": list(seeds)}
     path = os.path.join(GRIDS, f"{name}.yaml")
     with open(path, "w") as fh:
@@ -175,6 +182,15 @@ def _curve(result: dict, task: str) -> dict[int, float]:
     return {step: value for step, _, value in result[key]}
 
 
+def dense_target(runs: list[dict], task: str, steps=TARGET_STEPS) -> tuple[float, dict[int, float]]:
+    """The target dense fp16 sets: each pick seed's metric averaged over ``steps`` (around 80% of the budget),
+    then the least demanding seed's (the lowest accuracy, the highest loss), to 4 decimals."""
+    per_seed = {r["seed"]: statistics.mean(_curve(r, task)[s] for s in steps) for r in runs}
+    assert sorted(per_seed) == list(PICK), per_seed
+    value = max(per_seed.values()) if metric(task) == "loss" else min(per_seed.values())
+    return round(value, 4), per_seed
+
+
 def cmd_targets(_args) -> None:
     targets = _json("targets.json")
     for task in ORDER:
@@ -183,10 +199,8 @@ def cmd_targets(_args) -> None:
         except FileNotFoundError:
             print(f"{task}: no dense runs yet", file=sys.stderr)
             continue
-        per_seed = {r["seed"]: statistics.mean(_curve(r, task)[s] for s in TARGET_STEPS) for r in runs}
-        assert sorted(per_seed) == list(PICK), per_seed
-        value = max(per_seed.values()) if metric(task) == "loss" else min(per_seed.values())
-        targets[task] = {"metric": metric(task), "target": round(value, 4), "per_pick_seed": per_seed}
+        value, per_seed = dense_target(runs, task)
+        targets[task] = {"metric": metric(task), "target": value, "per_pick_seed": per_seed}
         print(task, targets[task])
         _save("targets.json", targets)
         compressed = {k: v for k, v in FIXED.items() if k != "fp16"}
@@ -200,14 +214,16 @@ def cmd_targets(_args) -> None:
 
 # -- room to win -----------------------------------------------------------------------------------------------
 
-def _with_target(result: dict, task: str) -> dict:
-    """A run held to the task's target (the dense runs to B ran without one)."""
-    t = _json("targets.json")[task]
-    return {**result, "target_metric": t["metric"], f"target_{t['metric']}": t["target"], "target_hold": HOLD}
+def _with_target(result: dict, task: str, value: float | None = None) -> dict:
+    """A run held to the task's target, or to ``value`` (the dense runs to B ran without one)."""
+    value = _json("targets.json")[task]["target"] if value is None else value
+    return {**result, "target_metric": metric(task), f"target_{metric(task)}": value, "target_hold": HOLD}
 
 
-def fixed_runs(task: str, seeds=PICK, names=("dense", "pick")) -> dict[str, dict[int, dict]]:
-    """option -> seed -> result, every fixed run of the task on ``seeds``."""
+def fixed_runs(task: str, seeds=PICK, names=("dense", "pick"), target: float | None = None
+               ) -> dict[str, dict[int, dict]]:
+    """option -> seed -> result, every fixed run of the task on ``seeds``, held to the task's target (or
+    ``target``)."""
     out: dict[str, dict[int, dict]] = {}
     for name in names:
         try:
@@ -216,7 +232,7 @@ def fixed_runs(task: str, seeds=PICK, names=("dense", "pick")) -> dict[str, dict
             continue
         for r in runs:
             if r["seed"] in seeds and r["method_label"] in FIXED:
-                out.setdefault(r["method_label"], {})[r["seed"]] = _with_target(r, task)
+                out.setdefault(r["method_label"], {})[r["seed"]] = _with_target(r, task, target)
     return out
 
 
@@ -352,12 +368,44 @@ def cmd_penalties(args) -> None:
     print(f"testbed/judged/penalties/{args.task}.json")
 
 
+def cmd_emulated(_args) -> None:
+    """The emulated confirmation (REGISTRATION.md): tta and the hindsight-best fixed option on the judge seeds, in
+    real time on tc-shaped links, with jobs of half the budget: the target is dense's at 80% of B/2 (the same
+    rule), the fixed option the best on the pick seeds' records at that target, each scenario's."""
+    links, out = _json("links.json"), _json("emulated.json")
+    for task in EMULATED:
+        value, per_seed = dense_target(_summary(f"judged-{task}-dense"), task, EMULATED_TARGET_STEPS)
+        runs = fixed_runs(task, target=value)
+        scenarios = {s: links[task]["scenarios"][s] for s in ("static-slow", links[task]["chosen"])}
+        best = {s: best_fixed(runs, p)[0] for s, p in scenarios.items()}
+        out[task] = {"metric": metric(task), "target": value, "per_pick_seed": per_seed, "max_steps": MAX_STEPS // 2,
+                     "scenarios": scenarios, "best": best}
+        tta = {**ADAPTIVE["tta"], "penalties": f"testbed/judged/penalties/{task}.json"}
+        path = _grid(f"judged-{task}-emulated", f"The judged set's emulated confirmation (testbed/judged/REGISTRATION.md):"
+                     f" {task}, tta and the hindsight-best fixed option of each scenario ({best}) on the judge seeds, in"
+                     f" real time on tc-shaped links (root); half the budget: {metric(task)} {value} (dense's at 80% "
+                     f"of B/2 = {B // 2} steps), at most {MAX_STEPS // 2} steps.",
+                     {**_training(task), **_target_training(task, value, MAX_STEPS // 2)}, task,
+                     {"tta": tta, **{o: FIXED[o] for o in sorted(set(best.values()))}}, scenarios, JUDGE, network={})
+        print(f"{task}: target {value}, best {best}: {path}")
+        # The simulated side of the comparison needs each of those options on the judge seeds: those the
+        # judge-fixed grid did not run, run as it runs them (to the full target, which passes the lower one).
+        missing = sorted(set(best.values()) - set(links[task]["judge_fixed"]))
+        if missing:
+            print(_grid(f"judged-{task}-emulated-sim", f"The judged set's emulated confirmation: the simulated side's "
+                        f"fixed options of {task} on the judge seeds that judge-fixed did not run ({missing}), as "
+                        f"judge-fixed runs them.", {**_training(task), **_target_training(task)}, task,
+                        {o: FIXED[o] for o in missing}, {"static-slow": profiles(task)["static-slow"]}, JUDGE))
+    _save("emulated.json", out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("inputs").set_defaults(fn=cmd_inputs)
     sub.add_parser("dense").set_defaults(fn=cmd_dense)
     sub.add_parser("targets").set_defaults(fn=cmd_targets)
+    sub.add_parser("emulated").set_defaults(fn=cmd_emulated)
     for name, fn in (("links", cmd_links), ("penalties", cmd_penalties)):
         p = sub.add_parser(name)
         p.add_argument("task", choices=ORDER)
