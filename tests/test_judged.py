@@ -88,3 +88,18 @@ def test_the_judged_tables_in_the_docs_are_what_analyze_prints_from_the_committe
             assert not missing, f"{doc}: lines analyze.py does not print: {missing}"
             quoted += 1
     assert quoted >= 1, "testbed/judged/RESULTS.md should quote analyze.py's table"
+
+
+def test_a_target_is_the_least_demanding_pick_seeds_dense_metric_around_80_percent_of_the_budget(prepare):
+    """The set's rule, for B (targets.json) and B/2 (the emulated confirmation's): each pick seed's metric
+    averaged over the evaluations given, then the lowest accuracy (the highest loss) of the seeds."""
+    def dense(seed, level):
+        curve = [[s, 0.0, level + s / 10_000] for s in range(40, 2001, 40)]
+        return {"seed": seed, "accuracy_curve": curve, "loss_curve": [[s, t, 2 - v] for s, t, v in curve]}
+
+    runs = [dense(s, level) for s, level in zip(prepare.PICK, (0.70, 0.60, 0.65), strict=True)]
+    value, per_seed = prepare.dense_target(runs, "gru1d", (720, 760, 800))
+    assert per_seed[prepare.PICK[1]] == pytest.approx(0.60 + 0.076)
+    assert value == pytest.approx(0.676)  # the seed that reached least sets it: the others pass it too
+    loss, _ = prepare.dense_target(runs, "gpt", prepare.TARGET_STEPS)
+    assert loss == pytest.approx(round(2 - 0.60 - 0.156, 4))  # a loss target: the highest seed's

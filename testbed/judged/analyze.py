@@ -274,6 +274,31 @@ def emulated(records: list[dict]) -> None:
     print(f"\nsame direction in {agree} of {sum(len(e['scenarios']) for e in spec.values())} scenarios")
 
 
+def attribution(records: list[dict]) -> None:
+    """Which part of tta's ratio cost what, per scenario (geometric means over the judge seeds, against the
+    hindsight-best fixed option): the steps its compression needed to the target, the seconds a step (its wire
+    and compression time, its probes), and the reading (the calibration charged: charged time / own time)."""
+    for row in scenario_rows(records):
+        task, scenario, best = row["task"], row["scenario"], row["best"]
+        profile = _json("links.json")[task]["scenarios"][scenario]
+        fixed = fixed_of(records, task).get(best, {})
+        tta = {r["seed"]: r for r in records if r["task"] == task and r["grid"] == "adaptive"
+               and r["scenario"] == scenario and r["method_label"] == "tta"}
+        steps, per_step, reading = [], [], []
+        for s in JUDGE:
+            a, b = (reached_at(tta[s]) if s in tta else None), (reached_at(fixed[s]) if s in fixed else None)
+            if a is None or b is None:
+                continue
+            t_best = option_time(fixed[s], profile)
+            steps.append(a[0] / b[0])
+            per_step.append((a[1] / a[0]) / (t_best / b[0]))
+            reading.append((a[1] + (row["calibration_s"] or 0.0)) / a[1])
+        if steps:
+            print(f"{task} {scenario}: tta / {best} (n={len(steps)}): steps {gmean(steps):.2f}x, seconds a step "
+                  f"{gmean(per_step):.2f}x, own time {gmean([x * y for x, y in zip(steps, per_step, strict=True)]):.2f}x;"
+                  f" the reading multiplies it by {gmean(reading):.2f}")
+
+
 def rooms() -> None:
     for task, entry in _json("links.json").items():
         for name, c in entry["candidates"].items():
@@ -298,6 +323,7 @@ def main() -> None:
         return
     if args.details:
         details(_records())
+        attribution(_records())
         return
     if args.emulated:
         emulated(_records())
