@@ -71,13 +71,14 @@ def test_a_run_that_never_reached_the_target_takes_forever(prepare, runs):
 
 def test_the_judged_tables_in_the_docs_are_what_analyze_prints_from_the_committed_records():
     """testbed/judged/RESULTS.md (and the README's judged block, where it has one) quote analyze.py's output
-    verbatim between <!-- judged --> markers: every number there is printed from testbed/results/judged-runs."""
+    (the table, and --emulated's) verbatim between <!-- judged --> markers: every number there is printed from testbed/results/judged-runs."""
     import re
     import subprocess
     import sys
 
-    printed = subprocess.run([sys.executable, os.path.join(REPO, "testbed", "judged", "analyze.py")],
-                             capture_output=True, text=True, check=True, timeout=600).stdout
+    printed = "".join(subprocess.run([sys.executable, os.path.join(REPO, "testbed", "judged", "analyze.py"), *flag],
+                                     capture_output=True, text=True, check=True, timeout=600).stdout
+                      for flag in ([], ["--emulated"]))
     quoted = 0
     for doc in ("testbed/judged/RESULTS.md", "README.md"):
         with open(os.path.join(REPO, doc)) as fh:
