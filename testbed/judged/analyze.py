@@ -170,6 +170,16 @@ def _fmt(x, digits=2) -> str:
     return f"{x:.{digits}f}"
 
 
+def _ratio_text(m: dict) -> str:
+    """A ratio_stats as a cell: the ratio, its interval where it has one, n where seeds are missing."""
+    s = _fmt(m["ratio"])
+    if m.get("lo") is not None:
+        s += f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]"
+    if m["ratio"] is not None and m["n"] < len(JUDGE):
+        s += f" (n={m['n']})"
+    return s
+
+
 def table(rows: list[dict]) -> None:
     print(f"Judged set (testbed/judged/REGISTRATION.md): ratio = geometric mean over judge seeds {list(JUDGE)} of "
           f"a method's time to the target / the hindsight-best fixed option's (chosen on pick seeds {list(PICK)}), "
@@ -182,12 +192,7 @@ def table(rows: list[dict]) -> None:
         m = row["methods"].get(key)
         if m is None:
             return "(best)" if key == row["best"] else "-"
-        s = _fmt(m["ratio"])
-        if m.get("lo") is not None:
-            s += f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]"
-        if m["ratio"] is not None and m["n"] < len(JUDGE):
-            s += f" (n={m['n']})"
-        return s
+        return _ratio_text(m)
 
     for row in rows:
         room = "-" if row["room"] is None else f"{row['room']:.0%}"
@@ -265,8 +270,7 @@ def emulated(records: list[dict]) -> None:
                          for s, r in fixed.get(best, {}).items() if s in JUDGE}
             sides = [ratio_stats([a[s] / b[s] for s in JUDGE if s in a and s in b])
                      for a, b in ((emu_tta, emu_fixed), (sim_tta, sim_fixed))]
-            cells = [_fmt(m["ratio"]) + (f" [{_fmt(m['lo'])}, {_fmt(m['hi'])}]" if m["lo"] is not None else "")
-                     + (f" (n={m['n']})" if 0 < m["n"] < len(JUDGE) else "") for m in sides]
+            cells = [_ratio_text(m) for m in sides]
             same = "-" if None in (sides[0]["ratio"], sides[1]["ratio"]) else (
                 "yes" if (sides[0]["ratio"] < 1) == (sides[1]["ratio"] < 1) else "no")
             agree += same == "yes"
@@ -322,8 +326,9 @@ def main() -> None:
         rooms()
         return
     if args.details:
-        details(_records())
-        attribution(_records())
+        records = _records()
+        details(records)
+        attribution(records)
         return
     if args.emulated:
         emulated(_records())
