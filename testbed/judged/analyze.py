@@ -46,7 +46,11 @@ from netsense.bench import store  # noqa: E402
 from netsense.bench.stats import AMORTIZED_OVER, gmean, holm, reached_at, t_interval  # noqa: E402
 from netsense.clock.replay import replay  # noqa: E402
 
-BAR, BAR_SCENARIOS, WORST_BAR, LEVEL = 1.1, 10, 1.25, 0.95
+BAR, WORST_BAR, LEVEL = 1.1, 1.25, 0.95
+# Cut line (3) of REGISTRATION.md, applied by its amendment of 2026-12-07: gpt is dropped (its cells alone were
+# projected past the set's 8 CPU-hours) and the set is judged on 9 scenarios, the first bar scaled to 8 of 9.
+DROPPED = ("gpt",)
+SCENARIOS, BAR_SCENARIOS = 9, 8
 KEEP = ("method", "method_label", "scenario", "seed", "status", "reason", "steps", "train_seconds",
         "time_to_accuracy_s", "target_reached", "target_metric", "target_accuracy", "target_loss", "target_hold",
         "accuracy_curve", "loss_curve", "step_shapes", "simulation", "workers", "clock", "max_seconds",
@@ -124,7 +128,7 @@ def scenario_rows(records: list[dict]) -> list[dict]:
     links = _json("links.json")
     rows = []
     for task in ORDER:
-        if task not in links:
+        if task not in links or task in DROPPED:
             continue
         fixed = fixed_of(records, task)
         adaptive = [r for r in records if r["task"] == task and r["grid"] == "adaptive"]
@@ -206,9 +210,15 @@ def table(rows: list[dict]) -> None:
     for key in ("tta (charged)", "tta (amortized)", "tta"):
         ratios = [r["methods"][key]["ratio"] for r in judged]
         within = sum(1 for x in ratios if x <= BAR)
-        print(f"{key}: within {BAR}x in {within} of {len(judged)} scenarios (bar {BAR_SCENARIOS} of 12), worst "
-              f"{_fmt(max(ratios))} (bar {WORST_BAR})")
+        print(f"{key}: within {BAR}x in {within} of {len(judged)} scenarios (bar {BAR_SCENARIOS} of {SCENARIOS}), "
+              f"worst {_fmt(max(ratios))} (bar {WORST_BAR})")
     changing = [r for r in judged if r["room"] is not None and r["room"] >= 0.15]
+    if len(judged) == SCENARIOS:
+        charged = [r["methods"]["tta (charged)"]["ratio"] for r in judged]
+        print(f"bars (tta charged): within {BAR}x in at least {BAR_SCENARIOS} of {SCENARIOS}: "
+              f"{'met' if sum(x <= BAR for x in charged) >= BAR_SCENARIOS else 'not met'}; never worse than "
+              f"{WORST_BAR}x: {'met' if max(charged) <= WORST_BAR else 'not met'}; ahead where a switch has room: "
+              + ("nothing to judge (no scenario with room)" if not changing else "below"))
     ps = [r["methods"]["tta (charged)"]["p_ahead"] for r in judged]
     significant = holm(ps)
     for r, sig in zip(judged, significant, strict=True):
@@ -222,7 +232,7 @@ def details(records: list[dict]) -> None:
     calibration's runs, steps and factors, and what tta ran (PowerSGD's share of its steps, its mean density)."""
     for task in ORDER:
         fixed = fixed_of(records, task)
-        if not fixed:
+        if not fixed or task in DROPPED:
             continue
         steps = {}
         for o, rs in fixed.items():

@@ -15,7 +15,8 @@ seeds' records only): the clock's inputs a task, the targets, the links and thei
     .venv/bin/python testbed/judged/prepare.py emulated          # emulated.json and the confirmation's grids
     netsense bench testbed/grids/judged-<task>-emulated.yaml --out runs/judged/judged-<task>-emulated   # root
 
-Records: runs/judged/ (not committed); analyze.py --land writes the committed records.
+Records: runs/judged/ (not committed); analyze.py --land writes the committed records. gpt ran its dense grid
+and nothing after it: cut line (3) dropped it (REGISTRATION.md's amendments; analyze.py's DROPPED).
 """
 
 from __future__ import annotations
