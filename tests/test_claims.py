@@ -158,7 +158,7 @@ def test_the_decomposition_prices_the_fixed_options_with_the_controllers_law_and
     decision, running, total = (float(re.search(r": (\d+\.\d+)", line).group(1)) for line in lines[1:])
     assert abs(decision * running - total) < 0.015 and decision > 1  # printed to two decimals
     # Without lowRanks it could not run PowerSGD: the pick stays TopK whatever the scale.
-    topk_only = regret.choosable({"method": "tta", "stepLaw": "power"})
+    topk_only = regret.choosable({"method": "tta", "stepLaw": "power", "lowRanks": []})
     wide = rows + [fixed("topk-0.1", 60, 0.030)]  # priced 0.1^-0.109 x 30 ms = 38.6 > 2 x 16.5 ms
     lines = regret.scenario_lines("g", "s", wide + [ours([2.0] * 5, 1.3)], "tta-x", ctl, topk_only)
     assert "topk-0.01 on 5 seeds" in lines[0]

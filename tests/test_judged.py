@@ -71,14 +71,14 @@ def test_a_run_that_never_reached_the_target_takes_forever(prepare, runs):
 
 def test_the_judged_tables_in_the_docs_are_what_analyze_prints_from_the_committed_records():
     """testbed/judged/RESULTS.md (and the README's judged block, where it has one) quote analyze.py's output
-    (the table, and --emulated's) verbatim between <!-- judged --> markers: every number there is printed from testbed/results/judged-runs."""
+    (the table, --emulated's and --details') verbatim between <!-- judged --> markers: every number there is printed from testbed/results/judged-runs."""
     import re
     import subprocess
     import sys
 
     printed = "".join(subprocess.run([sys.executable, os.path.join(REPO, "testbed", "judged", "analyze.py"), *flag],
                                      capture_output=True, text=True, check=True, timeout=600).stdout
-                      for flag in ([], ["--emulated"]))
+                      for flag in ([], ["--emulated"], ["--details"]))
     quoted = 0
     for doc in ("testbed/judged/RESULTS.md", "README.md"):
         with open(os.path.join(REPO, doc)) as fh:

@@ -253,7 +253,8 @@ def test_the_crd_defaults_the_method_but_no_methods_settings():
 
 def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
     """Before the union the CRD filled every method's defaults into spec.compression; such jobs (stored,
-    or recorded in status.appliedSpec) must still run after an upgrade, under the old method name too."""
+    or recorded in status.appliedSpec) must still run after an upgrade, under the old method name too; a setting
+    the old CRD did not have takes today's default (lowRanks: the judged set's 1-8)."""
     from netsense.spec import parse_spec
 
     old = {"method": "overlap", "density": 0.1, "errorFeedback": True, "warmupSteps": 0, "rank": 1,
@@ -264,7 +265,7 @@ def test_a_job_the_first_crd_defaulted_still_parses_on_the_cluster():
                                "momentumMasking": False, "warmupSteps": 0, "selection": "exact", "kneeDensity": 0.004,
                                "stepLaw": "inverse", "densityExponent": 0.109,
                                "minDensity": 0.001, "window": 10, "probeEvery": 8, "probeGain": 2.0,
-                               "adaptiveProbing": True, "probePadding": False, "lowRanks": [],
+                               "adaptiveProbing": True, "probePadding": False, "lowRanks": [1, 2, 4, 8],
                                "lowRankKnee": 2.3,
                                "lowRankMomentumCorrection": False}
     # ... and one recorded (status.appliedSpec) with the settings since removed, at their defaults, filled in

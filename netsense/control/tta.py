@@ -65,7 +65,7 @@ bytes: by the model, dense never beats sparse at d* by more than about
 1.5 x world x knee of the step (under 2% at 2 workers), so staying sparse
 costs at most that. Likewise dense fp16, once chosen, is kept over fp32.
 
-PowerSGD as an option (``low_ranks``; spec: lowRanks, none by default): at rank r a step costs
+PowerSGD as an option (``low_ranks``; spec: lowRanks, 1-8 by default): at rank r a step costs
 
     T_r = C + a0 + a * r + bytes_r / B + 2 L      steps: (1 + lowrank_knee / r) x the dense steps
 

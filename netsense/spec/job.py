@@ -428,8 +428,9 @@ COMPRESSION = Union("method", {
                                       "probeEvery), a change brings it back (probes had taken 10-12% of set 4's "
                                       "CNN runs, finding nothing most of the time)"), default=True),
         "lowRanks": F(ListOf(Int(min=1, max=64), max_items=8,
-                             doc="PowerSGD ranks the controller may choose instead of TopK or dense; none by "
-                                 "default (TopK and dense only; the fresh sets' candidate had 1-8)"), default=list),
+                             doc="PowerSGD ranks the controller may choose instead of TopK or dense ([] for TopK "
+                                 "and dense only); 1-8 as the judged set ran tta (testbed/judged/RESULTS.md) and "
+                                 "the third fresh set's candidate"), default=lambda: [1, 2, 4, 8]),
         "lowRankKnee": F(Float(min=0, doc="PowerSGD's steps prior: steps x (1 + lowRankKnee/rank) of the dense "
                                           "steps; 2.3 fitted on the tuning task (testbed/grids/tune-families.yaml)"),
                          default=2.3),

@@ -311,6 +311,11 @@ def attribution(records: list[dict]) -> None:
             print(f"{task} {scenario}: tta / {best} (n={len(steps)}): steps {gmean(steps):.2f}x, seconds a step "
                   f"{gmean(per_step):.2f}x, own time {gmean([x * y for x, y in zip(steps, per_step, strict=True)]):.2f}x;"
                   f" the reading multiplies it by {gmean(reading):.2f}")
+        missed = [s for s in JUDGE if s in tta and reached_at(tta[s]) is None]
+        if missed:
+            print(f"{task} {scenario}: tta did not reach the target on judge seed(s) {missed} within "
+                  f"{max(tta[s]['steps'] for s in missed)} steps (best accuracy "
+                  f"{max(max(p[2] for p in tta[s]['accuracy_curve']) for s in missed):.3f})")
 
 
 def rooms() -> None:
