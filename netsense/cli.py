@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "seconds, steps trained), which belongs in any comparison that uses it. Give it to tta as "
                            "spec.compression.penalties. On a cluster, the same job with spec.mode: calibrate runs this in one pod; its "
                            "profile lands in the ConfigMap <job>-penalties (penalties: configmap:<job>-penalties). "
-                           "Judged so far: its early milestone misread TopK's penalty to the target on both tasks run "
+                           "Judged: its early milestone misread the penalties to the target on all three tasks run "
                            "(testbed/judged/RESULTS.md).", 79),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("job", help="NetSenseJob YAML file (its network is ignored: the runs are simulated)")

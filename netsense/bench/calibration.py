@@ -32,9 +32,10 @@ the unit a simulated bench cell is timed in, with each step priced at these give
 ones); ``wall_seconds``, the real seconds the whole calibration took (runs side by side, evaluations, start-up);
 ``steps`` trained by every run; ``runs``. netsense bench charges ``train_seconds`` in full to every run that used
 the profile (netsense.bench.stats; an older profile without it: its wall seconds, named as such). Judged on
-one task so far (testbed/judged/RESULTS.md): the milestone, early in training, priced TopK at 1.5-1.7x dense's
-steps where to the near-convergence target it needs 1.1-1.3x, and tta so guided was 1.33-1.72x the hindsight-best
-on two of gru1d's three links; the same early-milestone error on cnn1d.
+three tasks (testbed/judged/RESULTS.md): the milestone, early in training, priced TopK at 1.3-1.7x dense's steps
+where to the near-convergence target it needs no more than PowerSGD (gru1d, cnn1d: tta so guided ran PowerSGD, up
+to 1.72x the hindsight-best), and could not tell TopK 0.1% from 1% on mlp1d (tta ran 0.1%, which never reached the
+target); the calibration itself cost 1.6-7.5x tta's own run.
 """
 
 from __future__ import annotations

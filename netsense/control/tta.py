@@ -99,8 +99,9 @@ raced on the user's own model, batch and lr. ``steps_factor(d)`` is then TopK's 
 log factor against log density (below the measured ones with the lowest pair's slope, above them held; at least
 1) and ``lowrank_steps_factor(r)`` PowerSGD's, the same in rank; kneeDensity, stepLaw, densityExponent and lowRankKnee
 are unused. With no closed form for the optimum, d* is the least predicted cost on a log grid of densities
-(``DENSITY_GRID``). Judged on gru1d so far: 0.57-1.72x the hindsight-best fixed option, its calibration misreading
-TopK's penalty early in training (testbed/judged/RESULTS.md).
+(``DENSITY_GRID``). Judged on three tasks (testbed/judged/RESULTS.md): its own time 0.57-1.72x the hindsight-best fixed option
+where it reached the target, the target missed on 7 of mlp1d's 9 runs, its calibration misreading the penalties
+early in training; with the calibration charged, within 1.1x in none of 9 scenarios.
 
 Communication that overlaps the backward pass is not counted as free: on
 CPUs the collectives' own work (TCP, decoding) takes cores from the compute.
