@@ -8,7 +8,8 @@ whose model or batch differs (netsense.spec.job). The training itself still runs
 clock says it ran on the device.
 
 Every number comes from a committed record. Add a row only from one: a GPU check run
-(testbed/gpu/check.sh) writes the step and the selection figures this table takes."""
+(testbed/gpu/check.sh) writes the step and the selection figures this table takes (its device-profile step: all
+three of the clock's inputs, PowerSGD's included, per model and batch)."""
 
 from __future__ import annotations
 

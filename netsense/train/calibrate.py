@@ -20,6 +20,18 @@ SPAN, MOST = 1.0, 41  # timed calls go on until SPAN seconds of them (at most MO
 # read 35-48 ms from one measurement to the next (testbed/results/sim-training.md); of 21, a few percent
 
 
+def _finished(run: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """``run``, returning once its work is done: on CUDA the kernels it queued have finished, so the wall
+    clock around a call times the work and not its launch."""
+    if device.type != "cuda":
+        return run
+
+    def synced() -> None:
+        run()
+        torch.cuda.synchronize(device)
+    return synced
+
+
 def _median_seconds(run: Callable[[], object]) -> float:
     """The median time of at least TIMED calls of ``run`` (more, up to MOST, until SPAN seconds of them) after
     WARMUP untimed ones."""
@@ -76,7 +88,7 @@ def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tr
         if opt is not None:
             opt.step()
 
-    seconds = _median_seconds(step)
+    seconds = _median_seconds(_finished(step, x.device))
     torch.set_rng_state(rng)
     return seconds
 
@@ -128,7 +140,7 @@ def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tupl
 
     params = [p for p in params if p.requires_grad]
     numel = sum(p.numel() for p in params)
-    grad = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(params[0].device)
     bucket = _WholeBucket(params, grad.clone())
     buf, views = bucket.buffer(), bucket.gradients()
     fp16, k, rank = settings["fp16"], max(1, math.ceil(settings["density"] * numel)), settings["rank"]
@@ -154,7 +166,9 @@ def path_seconds(params: list[torch.Tensor], settings: dict, world: int) -> tupl
         buf.copy_(grad)
 
     per_melement = numel / 1e6
-    return tuple(_median_beyond(path, copying) / per_melement for path in (sparse, low_rank))
+    device = grad.device
+    return tuple(_median_beyond(_finished(path, device), _finished(copying, device)) / per_melement
+                 for path in (sparse, low_rank))
 
 
 def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, training: dict, compression: dict,

@@ -15,7 +15,11 @@ Steps, each ok / failed / skipped (with the reason) / dry (run on the CPU in pla
 4. selection: selection + compression overhead against the ResNet18 and VGG16 compute step on the GPU
    (testbed/bench_selection.py --device cuda), the exact PyTorch path and the sampled one side by side, in
    ms and in GB/s against the device's peak. Without CUDA: a small CPU run of the same script.
-5. cluster-path: every GPU sample (manifests/samples/paper-*.yaml) built into the pods the operator makes,
+5. device-profile: the simulated clock's inputs (a step's compute, TopK's and PowerSGD's own work per million
+   elements) of the judged set's tasks and of ResNet18/VGG16 at batch 32 and 128 (the paper's setting) on the
+   GPU, in device-profile.json: what netsense.clock.devices' table takes, from a committed run. Without CUDA:
+   two small tasks on the CPU.
+6. cluster-path: every GPU sample (manifests/samples/paper-*.yaml) built into the pods the operator makes,
    validated against the Kubernetes schema, each trainer asking for its GPU with NCCL pinned to the shaped
    eth0 and a NET_ADMIN-only shaper beside it. With --cluster NAMESPACE (the current kubeconfig's cluster,
    the operator installed from manifests/overlays/gpu, the samples' PVC there): a 40-step copy of
@@ -276,6 +280,69 @@ def selection_detail(rows: list[dict], model: str) -> str:
             f"{first['peak_gbs']:.0f} GB/s: {paths}")
 
 
+# The device profile's trainings: the judged set's tasks (their dense grids' training, 2 workers) and the paper's
+# setting (ResNet18 and VGG16 on 3x32x32 inputs of 100 classes, as testbed/grids/scale-paper-*.yaml, 8 workers) at
+# batch 32 and 128 a worker. A dry run measures the two smallest on the CPU.
+_PAPER = {"dataset": "synthetic", "syntheticClasses": 100, "lr": 0.05}
+PROFILE_TRAININGS = [
+    *((task, f"testbed/grids/judged-{task}-dense.yaml", 2) for task in ("gru1d", "cnn1d", "mlp1d", "gpt")),
+    *((f"{model}-b{batch}", {"model": model, "batchSize": batch, **_PAPER}, 8)
+      for model in ("resnet18", "vgg16") for batch in (32, 128)),
+]
+DRY_PROFILE = ("gru1d", "mlp1d")
+PROFILE_KEEP = ("model", "dataset", "hiddenSize", "contextLength", "batchSize", "lr", "momentum", "weightDecay",
+                "optimizer", "seed", "syntheticClasses")
+
+
+def profile_row(label: str, training: dict | str, world: int, device: str) -> dict:
+    """The simulated clock's three inputs (spec.network.simulation) for one training on ``device``, measured as
+    netsense bench measures a task's (netsense.train.calibrate.inputs: TopK at 1% and PowerSGD rank 4, fp16
+    values, ``world`` ranks' chunks decoded), with CUDA's queued work waited for around every timed call."""
+    import torch
+    import yaml
+
+    from netsense.spec import parse_spec
+    from netsense.train import calibrate
+    from netsense.train.data import load_dataset
+    from netsense.train.models import build_model
+
+    if isinstance(training, str):  # a grid's base training, the parts that shape a step
+        base = yaml.safe_load((REPO / training).read_text())["base"]["training"]
+        training = {k: v for k, v in base.items() if k in PROFILE_KEEP}
+    parsed = parse_spec({"workers": world, "training": training}).training
+    data = load_dataset(parsed)
+    torch.manual_seed(parsed["seed"])
+    model = build_model(parsed["model"], data.input_shape, data.classes, parsed["hiddenSize"]).to(device)
+    b = parsed["batchSize"]
+    x, y = data.train_x[:b].to(device), data.train_y[:b].to(device)
+    compute, topk, lowrank = calibrate.inputs(model, x, y, parsed, {"method": "topk", "density": 0.01}, world)
+    return {"name": label, "model": parsed["model"], "dataset": parsed["dataset"], "batchSize": b, "world": world,
+            "parameters": sum(p.numel() for p in model.parameters()), "computeSeconds": round(compute, 7),
+            "compressionSecondsPerMelement": round(topk, 7), "lowRankSecondsPerMelement": round(lowrank, 7)}
+
+
+def device_profile(ctx: Ctx) -> Step:
+    """Each training's step and compressor costs on the device, as the simulated clock takes them
+    (device-profile.json; a row's three inputs go into a grid's network.simulation as they are, and rows of a
+    committed run are what netsense.clock.devices' table takes)."""
+    import torch
+
+    device = "cuda" if ctx.cuda else "cpu"
+    trainings = [t for t in PROFILE_TRAININGS if ctx.cuda or t[0] in DRY_PROFILE]
+    threads = torch.get_num_threads()
+    if not ctx.cuda:
+        torch.set_num_threads(1)  # as netsense bench measures on the CPU
+    try:
+        rows = [profile_row(label, training, world, device) for label, training, world in trainings]
+    finally:
+        torch.set_num_threads(threads)
+    (ctx.out / "device-profile.json").write_text(json.dumps({"device": machine().get("gpu", "cpu"),
+                                                             "rows": rows}, indent=1))
+    detail = "; ".join(f"{r['name']} {1e3 * r['computeSeconds']:.2f} ms a step" for r in rows)
+    return Step("device-profile", "ok" if ctx.cuda else "dry",
+                detail if ctx.cuda else f"{detail} (CPU; the rest on a GPU: {ctx.reason})", data={"rows": rows})
+
+
 # ---- the run ----------------------------------------------------------------------
 
 def gpu_sample_pods() -> dict:
@@ -383,11 +450,11 @@ def write_summary(out: Path, info: dict, steps: list[Step]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="Check the GPU path (CUDA tests, a shared-GPU job on shaped links, "
-                                             "an NCCL smoke, selection overhead); --dry runs it on the CPU.")
+                                             "an NCCL smoke, selection overhead, the device profile); --dry runs it on the CPU.")
     ap.add_argument("--dry", action="store_true", help="run on the CPU even where CUDA is available")
     ap.add_argument("--out", default=None, help="results folder (default runs/gpu-check-<time>)")
     ap.add_argument("--only", default=None, help="comma-separated steps to run (cuda-tests, shared-gpu-job, "
-                                                 "nccl-smoke, selection, cluster-path)")
+                                                 "nccl-smoke, selection, device-profile, cluster-path)")
     ap.add_argument("--cluster", metavar="NAMESPACE", default=None,
                     help="cluster-path: submit a 40-step GPU job to this namespace of the current kubeconfig's "
                          "cluster (the operator from manifests/overlays/gpu and the samples' PVC there)")
@@ -416,7 +483,7 @@ def main() -> int:
     info = machine()
     print(f"gpu check: {info.get('gpu') or 'dry run: ' + reason}; results in {out}", flush=True)
     steps = []
-    for fn in (cuda_tests, shared_gpu_job, nccl_smoke, selection, cluster_path):
+    for fn in (cuda_tests, shared_gpu_job, nccl_smoke, selection, device_profile, cluster_path):
         name = fn.__name__.replace("_", "-")
         if args.only and name not in args.only.split(","):
             continue
