@@ -33,9 +33,9 @@ ones); ``wall_seconds``, the real seconds the whole calibration took (runs side 
 ``steps`` trained by every run; ``runs``. netsense bench charges ``train_seconds`` in full to every run that used
 the profile (netsense.bench.stats; an older profile without it: its wall seconds, named as such). Judged on
 three tasks (testbed/judged/RESULTS.md): the milestone, early in training, priced TopK at 1.3-1.7x dense's steps
-where to the near-convergence target it needs no more than PowerSGD (gru1d, cnn1d: tta so guided ran PowerSGD, up
-to 1.72x the hindsight-best), and could not tell TopK 0.1% from 1% on mlp1d (tta ran 0.1%, which never reached the
-target); the calibration itself cost 1.6-7.5x tta's own run.
+where to the near-convergence target it needs 1.1-1.3x (gru1d) or no more than dense (cnn1d): tta so guided ran
+PowerSGD, up to 1.72x the hindsight-best; it could not tell TopK 0.1% from 1% on mlp1d (tta ran 0.10-0.15% and
+reached the target in 2 of 9 runs); the calibration itself cost 1.6-7.5x tta's own run.
 """
 
 from __future__ import annotations

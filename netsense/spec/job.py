@@ -186,7 +186,7 @@ def _check_lowrank_momentum(spec: dict, path: str, errors: Errors) -> None:
             and not c.get("lowRankMomentumCorrection") and not c.get("errorFeedback")):
         errors.add(_join(path, "compression.lowRankMomentumCorrection"),
                    "false (the default) moves each rank's velocity into its residual when PowerSGD takes over: "
-                   "needs errorFeedback (or set it true)")
+                   "needs errorFeedback (or set it true, or lowRanks: [] for TopK and dense only)")
 
 
 def _check_null_wire(spec: dict, path: str, errors: Errors) -> None:

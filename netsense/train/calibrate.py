@@ -79,6 +79,7 @@ def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tr
     PowerSGD, whose hook adds no pass of its own, read 4.6-5.3 ms of compute; testbed/results/sim-training.md). The model and the RNG are left as
     they were: the training that follows is the one it would have been."""
     rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else None
     twin = copy.deepcopy(model)
     opt = optimizer(twin.parameters(), training) if training is not None else None
 
@@ -90,6 +91,8 @@ def compute_seconds(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, tr
 
     seconds = _median_seconds(_finished(step, x.device))
     torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, x.device)
     return seconds
 
 

@@ -336,7 +336,7 @@ def device_profile(ctx: Ctx) -> Step:
         rows = [profile_row(label, training, world, device) for label, training, world in trainings]
     finally:
         torch.set_num_threads(threads)
-    (ctx.out / "device-profile.json").write_text(json.dumps({"device": machine().get("gpu", "cpu"),
+    (ctx.out / "device-profile.json").write_text(json.dumps({"device": machine().get("gpu") if ctx.cuda else "cpu",
                                                              "rows": rows}, indent=1))
     detail = "; ".join(f"{r['name']} {1e3 * r['computeSeconds']:.2f} ms a step" for r in rows)
     return Step("device-profile", "ok" if ctx.cuda else "dry",

@@ -47,8 +47,9 @@ from netsense.bench.stats import AMORTIZED_OVER, gmean, holm, reached_at, t_inte
 from netsense.clock.replay import replay  # noqa: E402
 
 BAR, WORST_BAR, LEVEL = 1.1, 1.25, 0.95
-# Cut line (3) of REGISTRATION.md, applied by its amendment of 2026-12-07: gpt is dropped (its cells alone were
-# projected past the set's 8 CPU-hours) and the set is judged on 9 scenarios, the first bar scaled to 8 of 9.
+# Cut line (3) of REGISTRATION.md, applied by its amendment of 2026-12-07: gpt is dropped (with its cells, projected
+# at ~6.3 hours, the set would have passed its 8 CPU-hours) and the set is judged on 9 scenarios, the first bar
+# scaled to 8 of 9.
 DROPPED = ("gpt",)
 SCENARIOS, BAR_SCENARIOS = 9, 8
 KEEP = ("method", "method_label", "scenario", "seed", "status", "reason", "steps", "train_seconds",
