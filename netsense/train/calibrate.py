@@ -185,11 +185,12 @@ def inputs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, training: d
     return (compute, *path_seconds(params, path_settings(compression), world))
 
 
-def inputs_for(training: dict, compression: dict, world: int,
-               compute: float | None = None) -> tuple[float, float, float]:
+def inputs_for(training: dict, compression: dict, world: int, compute: float | None = None,
+               device: str = "cpu") -> tuple[float, float, float]:
     """``inputs`` of a job's training and compression (spec.training and .compression, parsed) among ``world``
     ranks, measured here on one thread: what netsense bench gives every simulated cell of a task, measured once
-    before any runs (cells side by side would each measure the others' load)."""
+    before any runs (cells side by side would each measure the others' load). ``device``: where the model and
+    the batch are put (the GPU check's device profile measures on CUDA)."""
     from netsense.train.data import load_dataset
     from netsense.train.models import build_model
 
@@ -198,8 +199,9 @@ def inputs_for(training: dict, compression: dict, world: int,
     try:
         data = load_dataset(training)
         torch.manual_seed(training["seed"])
-        model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"])
-        return inputs(model, data.train_x[:training["batchSize"]], data.train_y[:training["batchSize"]], training,
-                      compression, world, compute)
+        model = build_model(training["model"], data.input_shape, data.classes, training["hiddenSize"]).to(device)
+        b = training["batchSize"]
+        return inputs(model, data.train_x[:b].to(device), data.train_y[:b].to(device), training, compression, world,
+                      compute)
     finally:
         torch.set_num_threads(threads)

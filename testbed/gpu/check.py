@@ -296,9 +296,9 @@ PROFILE_KEEP = ("model", "dataset", "hiddenSize", "contextLength", "batchSize", 
 
 def profile_row(label: str, training: dict | str, world: int, device: str) -> dict:
     """The simulated clock's three inputs (spec.network.simulation) for one training on ``device``, measured as
-    netsense bench measures a task's (netsense.train.calibrate.inputs: TopK at 1% and PowerSGD rank 4, fp16
-    values, ``world`` ranks' chunks decoded), with CUDA's queued work waited for around every timed call."""
-    import torch
+    netsense bench measures a task's (netsense.train.calibrate.inputs_for: TopK at 1% and PowerSGD rank 4, fp16
+    values, ``world`` ranks' chunks decoded, one CPU thread), with CUDA's queued work waited for around every
+    timed call."""
     import yaml
 
     from netsense.spec import parse_spec
@@ -310,14 +310,11 @@ def profile_row(label: str, training: dict | str, world: int, device: str) -> di
         base = yaml.safe_load((REPO / training).read_text())["base"]["training"]
         training = {k: v for k, v in base.items() if k in PROFILE_KEEP}
     parsed = parse_spec({"workers": world, "training": training}).training
-    data = load_dataset(parsed)
-    torch.manual_seed(parsed["seed"])
-    model = build_model(parsed["model"], data.input_shape, data.classes, parsed["hiddenSize"]).to(device)
-    b = parsed["batchSize"]
-    x, y = data.train_x[:b].to(device), data.train_y[:b].to(device)
-    compute, topk, lowrank = calibrate.inputs(model, x, y, parsed, {"method": "topk", "density": 0.01}, world)
-    return {"name": label, "model": parsed["model"], "dataset": parsed["dataset"], "batchSize": b, "world": world,
-            "parameters": sum(p.numel() for p in model.parameters()), "computeSeconds": round(compute, 7),
+    compute, topk, lowrank = calibrate.inputs_for(parsed, {"method": "topk", "density": 0.01}, world, device=device)
+    data = load_dataset(parsed)  # the model once more, for its size (as testbed/judged/prepare.py inputs)
+    model = build_model(parsed["model"], data.input_shape, data.classes, parsed["hiddenSize"])
+    return {"name": label, "model": parsed["model"], "dataset": parsed["dataset"], "batchSize": parsed["batchSize"],
+            "world": world, "parameters": sum(p.numel() for p in model.parameters()), "computeSeconds": round(compute, 7),
             "compressionSecondsPerMelement": round(topk, 7), "lowRankSecondsPerMelement": round(lowrank, 7)}
 
 
@@ -325,17 +322,9 @@ def device_profile(ctx: Ctx) -> Step:
     """Each training's step and compressor costs on the device, as the simulated clock takes them
     (device-profile.json; a row's three inputs go into a grid's network.simulation as they are, and rows of a
     committed run are what netsense.clock.devices' table takes)."""
-    import torch
-
     device = "cuda" if ctx.cuda else "cpu"
     trainings = [t for t in PROFILE_TRAININGS if ctx.cuda or t[0] in DRY_PROFILE]
-    threads = torch.get_num_threads()
-    if not ctx.cuda:
-        torch.set_num_threads(1)  # as netsense bench measures on the CPU
-    try:
-        rows = [profile_row(label, training, world, device) for label, training, world in trainings]
-    finally:
-        torch.set_num_threads(threads)
+    rows = [profile_row(label, training, world, device) for label, training, world in trainings]
     (ctx.out / "device-profile.json").write_text(json.dumps({"device": machine().get("gpu") if ctx.cuda else "cpu",
                                                              "rows": rows}, indent=1))
     detail = "; ".join(f"{r['name']} {1e3 * r['computeSeconds']:.2f} ms a step" for r in rows)
